@@ -1,0 +1,125 @@
+"""Backend names (a ``str`` subclass, as torch.distributed's) and per-device backend configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Backend", "BackendConfig"]
+
+
+@dataclass(frozen=True)
+class _BackendPlugin:
+    creator_fn: Callable[..., Any]
+    extended_api: bool
+
+
+class Backend(str):
+    """A backend name: ``Backend("GLOO") == "gloo"``; the value is a plain lower-case str.
+
+    In ringtree, ``gloo`` names its own CPU engine (TCP and shared memory) and ``nccl``
+    the GPU path. ``mpi``, ``ucc``, ``xccl`` and ``fake`` are known names that this build
+    does not provide: init_process_group with them raises ValueError.
+    Names are not validated here (as in torch); an unknown name fails at init time.
+    """
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    UCC = "ucc"
+    MPI = "mpi"
+    XCCL = "xccl"
+    FAKE = "fake"
+
+    backend_list = [UNDEFINED, GLOO, NCCL, XCCL, UCC, MPI, FAKE]
+
+    default_device_backend_map: dict[str, str] = {"cpu": GLOO, "cuda": NCCL}
+
+    backend_capability: dict[str, list[str]] = {
+        GLOO: ["cpu", "cuda"],
+        NCCL: ["cuda"],
+        XCCL: ["xpu"],
+        UCC: ["cpu", "cuda"],
+        MPI: ["cpu", "cuda"],
+        FAKE: ["cpu", "cuda", "hpu", "xpu"],
+    }
+
+    _plugins: dict[str, _BackendPlugin] = {}
+
+    def __new__(cls, name: str) -> str:  # type: ignore[misc]
+        if not isinstance(name, str):
+            raise ValueError("Backend constructor parameter must be string-ish")
+        value = getattr(Backend, name.upper(), Backend.UNDEFINED)
+        if value == Backend.UNDEFINED:
+            value = name.lower()
+        return value
+
+    @classmethod
+    def register_backend(
+        cls,
+        name: str,
+        func: Callable[..., Any],
+        extended_api: bool = False,
+        devices: str | list[str] | None = None,
+    ) -> None:
+        """Registers a third-party backend under ``name``.
+
+        ``func(store, group_rank, group_size, timeout)`` (or, with ``extended_api``,
+        ``func(dist_backend_opts, backend_options)``) is called by init_process_group to
+        create the backend object. ``devices`` lists the device types it serves
+        (default ``["cpu", "cuda"]``). Registering a name twice raises ValueError.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("backend name must be a non-empty string")
+        if hasattr(Backend, name.upper()):
+            raise ValueError(f"{name.upper()} c10d backend already exist")
+        if name.upper() in Backend._plugins:
+            raise ValueError(f"{name.upper()} c10d backend creator function already exist")
+        if devices is None:
+            devices = ["cpu", "cuda"]
+        elif isinstance(devices, str):
+            devices = [devices]
+        setattr(Backend, name.upper(), name.lower())
+        Backend.backend_list.append(name.lower())
+        Backend.backend_capability[name.lower()] = list(devices)
+        Backend._plugins[name.upper()] = _BackendPlugin(func, extended_api)
+
+
+class BackendConfig:
+    """Which backend serves which device type, parsed from a backend string.
+
+    ``BackendConfig("gloo")`` -> ``cpu:gloo,cuda:gloo``; ``BackendConfig(None)`` (or
+    ``"undefined"``) -> the defaults ``cpu:gloo,cuda:nccl``; ``"cpu:gloo,cuda:nccl"`` is
+    parsed as written. Raises ValueError for a malformed string or an unknown device.
+    """
+
+    def __init__(self, backend: str | None) -> None:
+        self.device_backend_map: dict[str, str] = {}
+        if backend is None or Backend(backend) == Backend.UNDEFINED:
+            self.device_backend_map = dict(Backend.default_device_backend_map)
+        elif ":" not in backend:
+            name = Backend(backend)
+            devices = Backend.backend_capability.get(name)
+            if devices is None:
+                raise ValueError(
+                    f"Unknown backend type {backend!r}; known: {', '.join(Backend.backend_list[1:])} "
+                    "(or one registered with Backend.register_backend)"
+                )
+            self.device_backend_map = {device: name for device in devices}
+        else:
+            for pair in backend.lower().split(","):
+                device, sep, name = (part.strip() for part in pair.partition(":"))
+                if not sep or not device or not name:
+                    raise ValueError(
+                        f"Invalid backend string {backend!r}: expected 'device:backend' pairs "
+                        "separated by commas, e.g. 'cpu:gloo,cuda:nccl'"
+                    )
+                if device in self.device_backend_map:
+                    raise ValueError(f"Invalid backend string {backend!r}: device {device!r} given twice")
+                self.device_backend_map[device] = Backend(name)
+
+    def get_device_backend_map(self) -> dict[str, str]:
+        return dict(self.device_backend_map)
+
+    def __repr__(self) -> str:
+        return ",".join(f"{device}:{name}" for device, name in self.device_backend_map.items())

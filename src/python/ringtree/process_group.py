@@ -1,0 +1,426 @@
+"""Process-group state: init_process_group, destroy_process_group and the queries on groups."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from . import constants
+from ._C import PrefixStore, Store, TCPStore
+from ._world import world
+from .backend import Backend, BackendConfig
+from .errors import DistBackendError, DistStoreError
+from .rendezvous import rendezvous
+
+__all__ = [
+    "GroupMember",
+    "ProcessGroup",
+    "destroy_process_group",
+    "get_backend",
+    "get_backend_config",
+    "get_default_backend_for_device",
+    "get_node_local_rank",
+    "get_rank",
+    "get_world_size",
+    "group",
+    "init_process_group",
+    "is_available",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+]
+
+# Backends this build provides, by device type. "gloo" is ringtree's own CPU engine.
+_BUILTIN_BACKENDS = {Backend.GLOO}
+_UNAVAILABLE_BACKENDS = {
+    Backend.NCCL: "ringtree was built without NCCL support (no CUDA path in this build)",
+    Backend.MPI: "ringtree does not provide an MPI backend; use 'gloo' (ringtree's CPU engine)",
+    Backend.UCC: "ringtree does not provide a UCC backend",
+    Backend.XCCL: "ringtree does not provide an XCCL backend",
+    Backend.FAKE: "ringtree does not provide the 'fake' backend",
+}
+# Key (in each group's store) counting the ranks that destroyed the group or exited.
+_EXITED_KEY = "ringtree/exited"
+
+
+class ProcessGroup:
+    """A set of ranks that communicate together; the handle that ``group=`` arguments take.
+
+    Created by :func:`init_process_group` (the default group). ``rank()`` and ``size()``
+    are this process's rank in the group and the group's size.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        backend: str,
+        group_name: str,
+        ranks: list[int],
+    ) -> None:
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout
+        self._backend_str = backend
+        self._backend_config = BackendConfig(None if backend == Backend.UNDEFINED else backend)
+        self._group_name = group_name
+        self._ranks = list(ranks)
+        # Objects created by plugin backends (Backend.register_backend), by device type.
+        self._plugin_backends: dict[str, Any] = {}
+        self._barrier_count = 0
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def name(self) -> str:
+        return self._backend_str
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessGroup(name={self._group_name!r}, backend={self._backend_str!r}, "
+            f"rank={self._rank}, size={self._size})"
+        )
+
+
+class _WorldAccessor(type):
+    @property
+    def WORLD(cls) -> ProcessGroup | None:  # noqa: N802 (torch's name)
+        return world.default_pg
+
+
+class GroupMember(metaclass=_WorldAccessor):
+    """``GroupMember.WORLD`` is the default group (None before init);
+    ``GroupMember.NON_GROUP_MEMBER`` is what non-members get from new_group."""
+
+    NON_GROUP_MEMBER = -100
+
+
+class group(metaclass=_WorldAccessor):  # noqa: N801 (torch's name)
+    """``group.WORLD`` is the default group (None before init)."""
+
+
+def is_available() -> bool:
+    """ringtree's distributed package is always available."""
+    return True
+
+
+def is_gloo_available() -> bool:
+    """True: ``gloo`` is ringtree's own CPU engine, always built."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    """False in this build: it has no CUDA/NCCL path."""
+    return False
+
+
+def is_mpi_available() -> bool:
+    """False: ringtree does not wrap MPI."""
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    """True for built-in backends this build provides and for registered plugins."""
+    name = Backend(backend)
+    return name in _BUILTIN_BACKENDS or name.upper() in Backend._plugins
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """``'cpu'`` -> ``'gloo'``, ``'cuda'`` -> ``'nccl'``; ValueError for other devices."""
+    device_type = getattr(device, "type", device)
+    if not isinstance(device_type, str) or device_type.split(":")[0] not in Backend.default_device_backend_map:
+        raise ValueError(f"Default backend not registered for device : {device}")
+    return Backend.default_device_backend_map[device_type.split(":")[0]]
+
+
+def is_initialized() -> bool:
+    """Whether the default group exists."""
+    return world.default_pg is not None
+
+
+def _default_pg_or_raise() -> ProcessGroup:
+    if world.default_pg is None:
+        raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+    return world.default_pg
+
+
+def _resolve(group: ProcessGroup | None) -> ProcessGroup:
+    return _default_pg_or_raise() if group is None else group
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 if not a member."""
+    pg = _resolve(group)
+    return pg.rank()
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """The number of ranks in ``group`` (default: the world); -1 if not a member."""
+    pg = _resolve(group)
+    return pg.size() if pg.rank() >= 0 else -1
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    """The backend string ``group`` was created with (e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``)."""
+    return _resolve(group).name()
+
+
+def get_backend_config(group: ProcessGroup | None = None) -> str:
+    """The per-device backend map of ``group`` as a string, e.g. ``'cpu:gloo,cuda:nccl'``."""
+    return repr(_resolve(group)._backend_config)
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """LOCAL_RANK from the environment, else ``fallback_rank``, else RuntimeError."""
+    value = os.environ.get(constants.ENV_LOCAL_RANK)
+    if value is not None:
+        return int(value)
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment. Consider passing fallback_rank to allow "
+        "`get_node_local_rank` to work, assuming you are not running in a multi-device context "
+        "and want the code to run locally instead."
+    )
+
+
+def _check_timeout(timeout: Any) -> timedelta:
+    if timeout is None:
+        return constants.default_pg_timeout
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout).__name__}")
+    if timeout <= timedelta(0):
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return timeout
+
+
+def _check_device_id(device_id: Any) -> None:
+    if device_id is None:
+        return
+    device_type = getattr(device_id, "type", "cuda" if isinstance(device_id, int) else device_id)
+    if device_type == "cpu":
+        raise ValueError(f"init_process_group device_id parameter must be an accelerator with an index, got {device_id}")
+    raise DistBackendError(
+        f"init_process_group(device_id={device_id!r}) binds an accelerator, which needs the NCCL backend: "
+        + _UNAVAILABLE_BACKENDS[Backend.NCCL]
+    )
+
+
+def _check_backends(config: BackendConfig, explicit: bool) -> None:
+    for device, name in config.device_backend_map.items():
+        if name in _BUILTIN_BACKENDS or name.upper() in Backend._plugins:
+            continue
+        if name in _UNAVAILABLE_BACKENDS:
+            if explicit:
+                raise DistBackendError(f"backend {name!r} for device {device!r} is not available: {_UNAVAILABLE_BACKENDS[name]}")
+            continue  # a default for a device this process does not use (cuda:nccl on a CPU build)
+        raise ValueError(
+            f"Unknown backend type {name!r}; known: {', '.join(n for n in Backend.backend_list if n != Backend.UNDEFINED)}"
+        )
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Store | None = None,
+    group_name: str = "",
+    pg_options: Any | None = None,
+    device_id: Any | None = None,
+) -> None:
+    """Initializes the default process group (torch.distributed's signature and rules).
+
+    Rendezvous is through ``store`` (needs ``rank`` and ``world_size``) or
+    ``init_method`` (``env://`` by default, ``tcp://host:port``, ``file:///path``, or a
+    registered scheme). ``backend=None`` means ``cpu:gloo,cuda:nccl``. ``timeout``
+    (default 30 min) bounds every operation of the group and the store's waits.
+
+    Blocks until this rank reached the store (rank 0 or ringtree-run hosts it).
+    Raises ValueError for bad arguments (second init, missing env variables,
+    rank >= world_size, both store and init_method), DistNetworkError when the store
+    cannot be reached within the timeout, DistBackendError for an unavailable backend.
+    ``pg_options`` is accepted for compatibility and unused by the built-in backends.
+    """
+    if world.default_pg is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    if init_method is not None and store is not None:
+        raise ValueError("Cannot specify both init_method and store.")
+    timeout = _check_timeout(timeout)
+    if not isinstance(world_size, int) or not isinstance(rank, int):
+        raise TypeError(f"rank and world_size must be int, got rank={rank!r}, world_size={world_size!r}")
+    if backend is not None and not isinstance(backend, str):
+        raise ValueError("Backend constructor parameter must be string-ish")
+    backend_str = Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")
+    config = BackendConfig(backend)
+    _check_backends(config, explicit=backend is not None)
+    _check_device_id(device_id)
+
+    if store is None:
+        if init_method is None:
+            init_method = "env://"
+        store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+        store.set_timeout(timeout)
+    else:
+        if world_size <= 0:
+            raise ValueError("world_size must be positive if using store")
+        if rank < 0:
+            raise ValueError("rank must be non-negative if using store")
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} must be lower than world_size {world_size}")
+
+    name = group_name or str(world.group_count)
+    if name in world.groups:
+        raise ValueError(f"The specified group name {name} has already been created, please use a different group name")
+    pg_store = PrefixStore(name, store)
+    pg = ProcessGroup(pg_store, rank, world_size, timeout, backend_str, name, list(range(world_size)))
+    pg._root_store = store  # kept so the hosting rank can outlive the others (see _retire_store)
+    for device, backend_name in config.device_backend_map.items():
+        plugin = Backend._plugins.get(backend_name.upper())
+        if plugin is None:
+            continue
+        device_store = PrefixStore(f"{device}", pg_store)
+        if plugin.extended_api:
+            raise ValueError(f"backend {backend_name!r} was registered with extended_api=True, which ringtree does not support")
+        pg._plugin_backends[device] = plugin.creator_fn(device_store, rank, world_size, timeout)
+    world.default_pg = pg
+    world.groups[name] = pg
+    world.group_count += 1
+    if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
+        _store_barrier(pg)
+
+
+def _store_barrier(group: ProcessGroup | None = None, timeout: timedelta | None = None) -> None:
+    """Blocks until every rank of ``group`` called this function the same number of times.
+
+    Store-based: two store round trips per rank. Raises DistStoreError naming the group
+    and how many ranks arrived when the timeout (default: the group's) passes.
+    """
+    pg = _resolve(group)
+    timeout = pg.timeout if timeout is None else _check_timeout(timeout)
+    pg._barrier_count += 1
+    key = f"ringtree/barrier/{pg._barrier_count}"
+    arrived = pg.store.add(key, 1)
+    if arrived == pg.size():
+        if pg._barrier_count > 1:
+            # Everyone has passed the previous barrier (they all arrived at this one).
+            pg.store.delete_key(f"ringtree/barrier/{pg._barrier_count - 1}")
+            pg.store.delete_key(f"ringtree/barrier/{pg._barrier_count - 1}/done")
+        pg.store.set(key + "/done", b"1")
+        return
+    try:
+        pg.store.wait([key + "/done"], timeout)
+    except DistStoreError:
+        now = pg.store.add(key, 0)
+        raise DistStoreError(
+            f"barrier #{pg._barrier_count} of group {pg.group_name!r} timed out after {timeout}: "
+            f"{now} of {pg.size()} ranks arrived (rank {pg.rank()} waiting)"
+        ) from None
+
+
+# --- Shutdown ------------------------------------------------------------------------------
+#
+# A rank that hosts the job's TCPStore (rank 0 without ringtree-run) must keep it alive
+# until every other rank has destroyed its groups or exited, or they would lose the
+# store under their feet. destroy_process_group therefore never blocks on the others:
+# it hands a hosted store to _retained_stores, and the process waits for them only at
+# exit (and not when it exits because of an unhandled exception).
+
+_retained_stores: list[tuple[TCPStore, Store, int, float]] = []
+_exiting_on_exception = False
+_retain_lock = threading.Lock()
+
+
+def _retire_store(pg: ProcessGroup) -> None:
+    root = getattr(pg, "_root_store", None)
+    try:
+        pg.store.add(_EXITED_KEY, 1)
+    except Exception:  # noqa: BLE001 - the store may be gone already; nothing to tell then
+        return
+    if isinstance(root, TCPStore) and root._num_server_clients >= 0 and pg.size() > 1:
+        deadline = time.monotonic() + pg.timeout.total_seconds()
+        with _retain_lock:
+            _retained_stores.append((root, pg.store, pg.size(), deadline))
+
+
+def _wait_for_retained_stores() -> None:
+    with _retain_lock:
+        retained = list(_retained_stores)
+        _retained_stores.clear()
+    if _exiting_on_exception:
+        return
+    for root, pg_store, size, deadline in retained:
+        delay = 0.001
+        while time.monotonic() < deadline:
+            try:
+                if root._num_server_clients <= 1 or pg_store.add(_EXITED_KEY, 0) >= size:
+                    break
+            except Exception:  # noqa: BLE001
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Destroys ``group``, or every group when None (the process may init again after).
+
+    Never waits for other ranks. If this process hosts the job's TCPStore, the store is
+    kept serving until every other rank has destroyed the group or exited (bounded by
+    the group timeout), and the process waits for that only at interpreter exit.
+    """
+    if group is None:
+        if world.default_pg is None:
+            raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+        for pg in list(world.groups.values()):
+            _retire_store(pg)
+        world.groups.clear()
+        world.default_pg = None
+        return
+    if group.group_name not in world.groups:
+        raise ValueError(f"Invalid process group specified: {group!r}")
+    _retire_store(group)
+    del world.groups[group.group_name]
+    if group is world.default_pg:
+        world.default_pg = None
+
+
+def _at_exit() -> None:
+    if world.default_pg is not None and not _exiting_on_exception:
+        destroy_process_group()
+    _wait_for_retained_stores()
+
+
+def _note_unhandled_exception(exc_type, exc, tb, _previous=sys.excepthook):  # noqa: ANN001
+    global _exiting_on_exception
+    _exiting_on_exception = True
+    _previous(exc_type, exc, tb)
+
+
+sys.excepthook = _note_unhandled_exception
+atexit.register(_at_exit)

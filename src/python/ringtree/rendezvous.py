@@ -1,0 +1,173 @@
+"""URL rendezvous: ``env://``, ``tcp://host:port`` and ``file:///path`` -> (store, rank, world_size).
+
+Mirrors torch.distributed.rendezvous: :func:`rendezvous` returns an iterator whose first
+item is ``(store, rank, world_size)``; handlers for further schemes are added with
+:func:`register_rendezvous_handler`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
+
+from . import constants
+from ._C import FileStore, Store, TCPStore
+
+__all__ = ["rendezvous", "register_rendezvous_handler"]
+
+RendezvousResult = Iterator["tuple[Store, int, int]"]
+
+_rendezvous_handlers: dict[str, Callable[..., RendezvousResult]] = {}
+
+# TCPStore servers this process started, by port. A later rendezvous on the same port
+# (init after destroy) becomes a client of the server still running here instead of
+# failing to bind the port again.
+_hosted_servers: dict[int, TCPStore] = {}
+
+
+def register_rendezvous_handler(scheme: str, handler: Callable[..., RendezvousResult]) -> None:
+    """Registers ``handler(url, **kwargs)`` for URLs of ``scheme``.
+
+    The handler returns an iterator of ``(store, rank, world_size)``. Registering a
+    scheme twice raises RuntimeError.
+    """
+    if scheme in _rendezvous_handlers:
+        raise RuntimeError(f"Rendezvous handler for {scheme}:// already registered")
+    _rendezvous_handlers[scheme] = handler
+
+
+def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -> RendezvousResult:
+    """Resolves ``url`` into an iterator of ``(store, rank, world_size)``.
+
+    ``rank`` and ``world_size`` given here are added to the URL's query; giving them in
+    both places raises ValueError. Keyword arguments (e.g. ``timeout``) go to the handler.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"URL must be a string, got {type(url).__name__}: {url!r}")
+    if not isinstance(rank, int) or not isinstance(world_size, int):
+        raise TypeError(f"rank and world_size must be int, got {rank!r} and {world_size!r}")
+    parsed = urlparse(url)
+    if rank != -1 or world_size != -1:
+        query = _query_dict(parsed.query)
+        if "rank" in query or "world_size" in query:
+            raise ValueError(f"The url: {url} has node-specific arguments(rank, world_size) already.")
+        if rank != -1:
+            query["rank"] = str(rank)
+        if world_size != -1:
+            query["world_size"] = str(world_size)
+        parsed = parsed._replace(query=urlencode(query))
+        url = urlunparse(parsed)
+    if parsed.scheme not in _rendezvous_handlers:
+        raise RuntimeError(
+            f"No rendezvous handler for {parsed.scheme}://; known: "
+            f"{', '.join(s + '://' for s in sorted(_rendezvous_handlers))}"
+        )
+    return _rendezvous_handlers[parsed.scheme](url, **kwargs)
+
+
+def _query_dict(query: str) -> dict[str, str]:
+    return {key: values[-1] for key, values in parse_qs(query).items()}
+
+
+def _error(scheme: str, message: str) -> ValueError:
+    return ValueError(f"Error initializing ringtree using {scheme}:// rendezvous: {message}")
+
+
+def _int_param(scheme: str, query: dict[str, str], name: str) -> int:
+    if name not in query:
+        raise _error(scheme, f"{name} parameter missing")
+    try:
+        return int(query[name])
+    except ValueError:
+        raise _error(scheme, f"{name} parameter must be an integer, got {query[name]!r}") from None
+
+
+def _check_rank(scheme: str, rank: int, world_size: int) -> None:
+    if world_size <= 0:
+        raise _error(scheme, f"world_size must be positive, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise _error(scheme, f"rank must be in [0, world_size={world_size}), got {rank}")
+
+
+def _create_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> TCPStore:
+    """Rank 0 hosts the server (other ranks are clients), unless ringtree-run hosts it for
+    the whole job (RINGTREE_USE_AGENT_STORE=1): then every rank is a client."""
+    if not 0 < port < 65536:
+        raise ValueError(f"Error initializing ringtree: port must be in [1, 65535], got {port}")
+    use_agent_store = os.environ.get(constants.ENV_USE_AGENT_STORE, "0") == "1"
+    is_master = rank == 0 and not use_agent_store and port not in _hosted_servers
+    store = TCPStore(host, port, world_size, is_master, timeout, wait_for_workers=False)
+    if is_master:
+        _hosted_servers[port] = store
+    return store
+
+
+def _tcp_rendezvous_handler(url: str, timeout: timedelta = constants.default_pg_timeout, **kwargs: Any) -> RendezvousResult:
+    parsed = urlparse(url)
+    if not parsed.hostname:
+        raise _error("tcp", f"host name missing in {url!r}")
+    try:
+        port = parsed.port
+    except ValueError:
+        raise _error("tcp", f"invalid port in {url!r}") from None
+    if port is None:
+        raise _error("tcp", "port number missing")
+    query = _query_dict(parsed.query)
+    rank = _int_param("tcp", query, "rank")
+    world_size = _int_param("tcp", query, "world_size")
+    _check_rank("tcp", rank, world_size)
+    store = _create_tcp_store(parsed.hostname, port, rank, world_size, timeout)
+    yield (store, rank, world_size)
+    raise RuntimeError("Unable to perform re-rendezvous using tcp:// method")
+
+
+def _env_rendezvous_handler(url: str, timeout: timedelta = constants.default_pg_timeout, **kwargs: Any) -> RendezvousResult:
+    query = _query_dict(urlparse(url).query)
+
+    def setting(name: str, env_name: str) -> str:
+        if name in query:
+            return query[name]
+        value = os.environ.get(env_name)
+        if value is None or value == "":
+            raise _error("env", f"environment variable {env_name} expected, but not set")
+        return value
+
+    def integer(name: str, env_name: str) -> int:
+        value = setting(name, env_name)
+        try:
+            return int(value)
+        except ValueError:
+            raise _error("env", f"{env_name} must be an integer, got {value!r}") from None
+
+    rank = integer("rank", constants.ENV_RANK)
+    world_size = integer("world_size", constants.ENV_WORLD_SIZE)
+    master_addr = setting("master_addr", constants.ENV_MASTER_ADDR)
+    master_port = integer("master_port", constants.ENV_MASTER_PORT)
+    _check_rank("env", rank, world_size)
+    store = _create_tcp_store(master_addr, master_port, rank, world_size, timeout)
+    yield (store, rank, world_size)
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+
+def _file_rendezvous_handler(url: str, **kwargs: Any) -> RendezvousResult:
+    parsed = urlparse(url)
+    path = parsed.path
+    if parsed.netloc:
+        # file://relative/path is read by urlparse as host "relative"; keep it as a path.
+        path = parsed.netloc + path
+    if not path:
+        raise _error("file", "path missing")
+    query = _query_dict(parsed.query)
+    rank = _int_param("file", query, "rank")
+    world_size = _int_param("file", query, "world_size")
+    _check_rank("file", rank, world_size)
+    store = FileStore(path, world_size)
+    yield (store, rank, world_size)
+    raise RuntimeError("Unable to perform re-rendezvous using file:// method")
+
+
+register_rendezvous_handler("tcp", _tcp_rendezvous_handler)
+register_rendezvous_handler("env", _env_rendezvous_handler)
+register_rendezvous_handler("file", _file_rendezvous_handler)

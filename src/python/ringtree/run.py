@@ -1,0 +1,516 @@
+"""``ringtree-run``: start the worker processes of a ringtree job on one node.
+
+Usage mirrors ``torchrun`` (``torch.distributed.run``) with a static rendezvous::
+
+    ringtree-run --nproc-per-node 4 train.py --lr 0.1
+    ringtree-run --standalone --nproc-per-node auto -m my_package.train
+    ringtree-run --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 train.py
+
+On node rank 0 the launcher hosts the job's key-value store itself (a ``ringtree.TCPStore``
+server on ``--master-port``, or on a port the kernel picks when none is given, so there is
+no "find a free port" race). Every worker, rank 0 included, is a client of that store:
+``RINGTREE_USE_AGENT_STORE=1`` tells ringtree's ``env://`` rendezvous so. The store lives
+until every local worker has exited, so no rank loses it because rank 0 finished first.
+Launchers on other nodes host nothing and need ``--master-addr``/``--master-port``.
+
+Each worker gets a copy of the launcher's environment plus ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_NAME``,
+``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``RINGTREE_USE_AGENT_STORE=1`` and ``OMP_NUM_THREADS=1`` unless already set. The global
+rank is ``node_rank * nproc_per_node + local_rank``.
+
+Workers run in their own process groups. Their stdout is inherited; their stderr is
+streamed through to the launcher's stderr while its last lines are kept for the failure
+report. When a worker fails (non-zero exit or killed by a signal) the others get SIGTERM,
+then SIGKILL after a grace period; the launcher reports the first failure (rank, pid,
+exit code or signal, stderr tail) and exits with that worker's exit code (1 when it was
+killed by a signal). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the launcher are
+forwarded to every worker (SIGKILL follows after the grace period, or at once on a second
+signal) and the launcher exits with 128 + the signal number. Processes a worker leaves
+behind in its process group are killed when the job ends.
+
+This module imports only the standard library at start; ``ringtree.TCPStore`` is imported
+when the store is created. Nothing heavy (torch, numpy) is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+__all__ = ["main"]
+
+# Signals the launcher forwards to its workers (torchrun's default set).
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Seconds workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
+_GRACE_PERIOD_S = 3.0
+# Upper bound on one wait of the monitor loop; exits and signals wake it earlier.
+_MONITOR_WAKE_S = 1.0
+# Seconds to wait for a worker's stderr pipe to reach end of file after the worker exited
+# (a process that escaped the worker's process group may hold it open).
+_STDERR_DRAIN_S = 1.0
+_STDERR_TAIL_LINES = 40
+# Bytes kept of a last line that has no newline yet.
+_STDERR_MAX_PARTIAL = 8192
+_READ_CHUNK = 65536
+_PROG = "ringtree-run"
+
+
+def _nproc_per_node(value: str) -> int:
+    """Parse ``--nproc-per-node``: a positive int, or ``auto``/``cpu`` for the CPU count."""
+    if value in ("auto", "cpu"):
+        return os.cpu_count() or 1
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer, 'auto' or 'cpu', got {value!r}"
+        ) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {count}")
+    return count
+
+
+def _nnodes(value: str) -> int:
+    """Parse ``--nnodes``: ``N`` or torchrun's ``N:N`` (elastic ranges are not supported)."""
+    low, sep, high = value.partition(":")
+    try:
+        count = int(low)
+        if sep and int(high) != count:
+            raise argparse.ArgumentTypeError(
+                f"elastic node ranges are not supported, got {value!r}; give one number"
+            )
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {count}")
+    return count
+
+
+def _port(value: str) -> int:
+    """Parse ``--master-port``: 0 (the kernel picks one, node rank 0 only) to 65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
+    return port
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Start the worker processes of a ringtree job on this node "
+        "(torchrun-compatible flags, static rendezvous).",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=_nproc_per_node,
+        default=1,
+        metavar="N",
+        help="workers on this node: an integer, or 'auto'/'cpu' for the CPU count (default 1)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=_nnodes,
+        default=1,
+        metavar="N",
+        help="number of nodes (default 1); torchrun's 'N:N' form is accepted",
+    )
+    parser.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        default=0,
+        help="rank of this node, 0..nnodes-1 (default 0)",
+    )
+    parser.add_argument(
+        "--master-addr",
+        "--master_addr",
+        default="127.0.0.1",
+        help="address of node rank 0, where the store is hosted (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--master-port",
+        "--master_port",
+        type=_port,
+        default=None,
+        help="port of the store on node rank 0; omitted: the kernel picks a free one "
+        "(required when --nnodes > 1)",
+    )
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="single-node job: nnodes=1, node rank 0, store on 127.0.0.1 at a picked port",
+    )
+    parser.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="run the training script as a module, like 'python -m'",
+    )
+    parser.add_argument(
+        "--no-python",
+        "--no_python",
+        action="store_true",
+        help="run the training script as a program, not through the Python interpreter",
+    )
+    parser.add_argument(
+        "training_script",
+        help="the script (or module with -m, or program with --no-python) each worker runs",
+    )
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and check the command line; argparse exits with status 2 on bad arguments."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.no_python and args.module:
+        parser.error("--no-python and --module cannot be used together")
+    if args.standalone:
+        args.nnodes = 1
+        args.node_rank = 0
+        args.master_addr = "127.0.0.1"
+        args.master_port = None
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.nnodes > 1 and not args.master_port:
+        parser.error("--master-port (non-zero) is required when --nnodes > 1")
+    return args
+
+
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    if args.no_python:
+        return [args.training_script, *args.training_script_args]
+    command = [sys.executable, "-u"]
+    if args.module:
+        command.append("-m")
+    return [*command, args.training_script, *args.training_script_args]
+
+
+def _worker_env(args: argparse.Namespace, local_rank: int, master_port: int) -> dict[str, str]:
+    nproc = args.nproc_per_node
+    rank = args.node_rank * nproc + local_rank
+    world_size = args.nnodes * nproc
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK=str(args.node_rank),
+        GROUP_WORLD_SIZE=str(args.nnodes),
+        ROLE_NAME="default",
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size),
+        MASTER_ADDR=args.master_addr,
+        MASTER_PORT=str(master_port),
+        RINGTREE_USE_AGENT_STORE="1",
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _stderr_writer():
+    """Return a function writing bytes to ``sys.stderr`` at once (its buffer when it has one)."""
+    stream = sys.stderr
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+
+        def write(data: bytes) -> None:
+            buffer.write(data)
+            buffer.flush()
+
+    else:
+
+        def write(data: bytes) -> None:
+            stream.write(data.decode(errors="replace"))
+            stream.flush()
+
+    return write
+
+
+def _describe_status(status: int) -> str:
+    """Describe a ``Popen.returncode``-style status: >= 0 exit code, < 0 signal number."""
+    if status >= 0:
+        return f"exit code {status}"
+    try:
+        return f"killed by {signal.Signals(-status).name}"
+    except ValueError:
+        return f"killed by signal {-status}"
+
+
+class _StderrTail(threading.Thread):
+    """Reads a worker's stderr pipe until end of file, writing every chunk through to the
+    launcher's stderr and keeping the last lines. Write errors (closed stderr) stop the
+    write-through but not the reading, so the worker never blocks on a full pipe."""
+
+    def __init__(self, pipe, write) -> None:
+        super().__init__(daemon=True)
+        self._pipe = pipe
+        self._write = write
+        self._lock = threading.Lock()
+        self._lines: collections.deque[bytes] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._partial = b""
+
+    def run(self) -> None:
+        fd = self._pipe.fileno()
+        write = self._write
+        while True:
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                break
+            if write is not None:
+                try:
+                    write(chunk)
+                except (OSError, ValueError):
+                    write = None
+            with self._lock:
+                *lines, partial = (self._partial + chunk).split(b"\n")
+                self._lines.extend(lines)
+                self._partial = partial[-_STDERR_MAX_PARTIAL:]
+        self._pipe.close()
+
+    def tail(self) -> list[str]:
+        """The last lines read so far (the unfinished last line included), decoded."""
+        with self._lock:
+            lines = list(self._lines)
+            if self._partial:
+                lines.append(self._partial)
+        lines = lines[-_STDERR_TAIL_LINES:]
+        return [line.decode(errors="replace").rstrip("\r") for line in lines]
+
+
+class _Worker:
+    """One worker process, the leader of its own process group (pgid == pid)."""
+
+    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, tail: _StderrTail):
+        self.rank = rank
+        self.local_rank = local_rank
+        self.proc = proc
+        self.tail = tail
+        # Popen.returncode convention (negative: killed by that signal); None while running.
+        self.status: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exited(self) -> bool:
+        """Whether the worker has exited; does not block. The process is left a zombie
+        (not reaped) so that its pid, and hence its process group id, cannot be reused
+        before ``reap``."""
+        if self.status is None:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                exited = info.si_code == os.CLD_EXITED
+                self.status = info.si_status if exited else -info.si_status
+        return self.status is not None
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to every process of the worker's process group."""
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def reap(self) -> None:
+        """Kill whatever is left of the process group, then reap the worker; blocks until
+        it is gone. Does nothing once the worker has been reaped (its pid may be reused)."""
+        if self.proc.returncode is not None:
+            return
+        self.signal_group(signal.SIGKILL)
+        self.proc.wait()
+        if self.status is None:
+            self.status = self.proc.returncode
+
+
+class _Launcher:
+    """Runs one node's share of a job. Must be used from the main thread: it installs
+    signal handlers (restored afterwards)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._workers: list[_Worker] = []
+        self._signals: list[int] = []
+        self._wake_r = -1
+
+    def run(self) -> int:
+        """Host the store (node rank 0), start the workers, supervise them until they have
+        all exited or been stopped, and return the launcher's exit code."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        self._wake_r = wake_r
+        previous_handlers = {
+            signum: signal.signal(signum, self._on_signal)
+            for signum in (*_FORWARDED_SIGNALS, signal.SIGCHLD)
+        }
+        previous_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            return self._run()
+        finally:
+            signal.set_wakeup_fd(previous_wakeup_fd)
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if signum != signal.SIGCHLD:
+            self._signals.append(signum)
+
+    def _run(self) -> int:
+        args = self._args
+        store = None
+        master_port = args.master_port
+        if args.node_rank == 0:
+            from ringtree import TCPStore
+
+            try:
+                store = TCPStore(
+                    args.master_addr,
+                    args.master_port or 0,
+                    world_size=None,
+                    is_master=True,
+                    wait_for_workers=False,
+                )
+            except (OSError, RuntimeError) as exc:
+                _print(
+                    f"cannot host the store at {args.master_addr}:{args.master_port or 0}: {exc}"
+                )
+                return 1
+            master_port = store.port
+        try:
+            return self._supervise(master_port)
+        finally:
+            # Every worker is dead and reaped before the store goes away.
+            for worker in self._workers:
+                worker.reap()
+            for worker in self._workers:
+                worker.tail.join(_STDERR_DRAIN_S)
+            del store
+
+    def _supervise(self, master_port: int) -> int:
+        args = self._args
+        command = _worker_command(args)
+        write = _stderr_writer()
+        for local_rank in range(args.nproc_per_node):
+            if self._signals:
+                break
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    env=_worker_env(args, local_rank, master_port),
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                _print(f"cannot start local rank {local_rank} ({command[0]}): {exc}")
+                self._stop(signal.SIGTERM)
+                return 1
+            tail = _StderrTail(proc.stderr, write)
+            tail.start()
+            rank = args.node_rank * args.nproc_per_node + local_rank
+            self._workers.append(_Worker(rank, local_rank, proc, tail))
+
+        failures: list[_Worker] = []
+        while not self._signals:
+            failures = [w for w in self._workers if w.exited() and w.status != 0]
+            if failures or all(w.status is not None for w in self._workers):
+                break
+            self._wait(_MONITOR_WAKE_S)
+
+        if self._signals:
+            signum = self._signals[0]
+            running = sum(w.status is None for w in self._workers)
+            _print(f"received {signal.Signals(signum).name}; stopping {running} worker(s)")
+            self._stop(signum)
+            return 128 + signum
+        if failures:
+            self._stop(signal.SIGTERM)
+            self._report(failures)
+            status = failures[0].status
+            return status if status > 0 else 1
+        return 0
+
+    def _wait(self, timeout: float) -> None:
+        """Block until a signal arrives (a child's exit included) or ``timeout`` passes."""
+        select.select([self._wake_r], [], [], timeout)
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _stop(self, signum: int) -> None:
+        """Send ``signum`` to the running workers, wait up to the grace period for them to
+        exit (less if another signal arrives), then SIGKILL what is left and reap all."""
+        running = [w for w in self._workers if not w.exited()]
+        for worker in running:
+            worker.signal_group(signum)
+        deadline = time.monotonic() + _GRACE_PERIOD_S
+        signals_seen = len(self._signals)
+        while running and len(self._signals) == signals_seen:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wait(remaining)
+            running = [w for w in running if not w.exited()]
+        for worker in self._workers:
+            worker.reap()
+
+    def _report(self, failures: list[_Worker]) -> None:
+        first = failures[0]
+        host = os.uname().nodename
+        lines = [
+            "=" * 72,
+            f"{_PROG}: worker failed (root cause: first observed failure)",
+            f"  global rank {first.rank} (local rank {first.local_rank}, node rank "
+            f"{self._args.node_rank}, host {host}, pid {first.pid}): "
+            f"{_describe_status(first.status)}",
+        ]
+        for other in failures[1:]:
+            lines.append(
+                f"  also failed: global rank {other.rank} (local rank {other.local_rank}, "
+                f"pid {other.pid}): {_describe_status(other.status)}"
+            )
+        first.tail.join(_STDERR_DRAIN_S)
+        tail = first.tail.tail()
+        if tail:
+            lines.append(f"  last {len(tail)} line(s) of global rank {first.rank}'s stderr:")
+            lines.extend(f"    {line}" for line in tail)
+        else:
+            lines.append(f"  global rank {first.rank} wrote nothing to stderr")
+        lines.append("=" * 72)
+        _print("\n".join(lines), prefix=False)
+
+
+def _print(message: str, prefix: bool = True) -> None:
+    print(f"{_PROG}: {message}" if prefix else message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ringtree-run`` with ``argv`` (default ``sys.argv[1:]``) and return its exit code.
+
+    Blocks until every worker of this node has exited. Returns 0 when all succeeded, the
+    first failed worker's exit code (1 if a signal killed it), 128 + signum when the
+    launcher was stopped by a signal, and 1 when the store or a worker cannot be started.
+    Raises SystemExit(2) on bad arguments. Must be called from the main thread.
+    """
+    return _Launcher(_parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Run a worker function in N real processes and collect what each returned.
+
+``run_world(worker, world_size, env=...)`` starts ``world_size`` processes with
+``python -c`` that import this module and call ``worker(rank, world_size, **kwargs)``
+(``worker`` is given as "module:function", importable from tests/python). Each process
+prints one JSON line with the return value or the exception; ``run_world`` returns the
+list of results by rank, or raises AssertionError with every rank's output when a
+process failed, hung past ``timeout`` (all are killed then) or printed no result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULT_PREFIX = "RINGTREE_TEST_RESULT "
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (tests of rank-0-hosted rendezvous need a fixed
+    port up front; callers retry on the rare collision, see run_world(retry_bind=True))."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_main(target: str, rank: int, world_size: int, kwargs_json: str) -> None:
+    module_name, func_name = target.split(":")
+    sys.path.insert(0, str(HERE))
+    try:
+        module = __import__(module_name)
+        result: Any = {"ok": getattr(module, func_name)(rank, world_size, **json.loads(kwargs_json))}
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        result = {"error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def run_world(
+    target: str,
+    world_size: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    expect_errors: bool = False,
+    per_rank_env: list[dict[str, str]] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Runs ``target`` on ``world_size`` processes and returns each rank's result dict
+    ({"ok": value} or {"error": name, "message": ...})."""
+    procs = []
+    for rank in range(world_size):
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        if per_rank_env:
+            child_env.update(per_rank_env[rank])
+        code = (
+            f"import sys; sys.path.insert(0, {str(HERE)!r}); import harness; "
+            f"harness._child_main({target!r}, {rank}, {world_size}, {json.dumps(json.dumps(kwargs))})"
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=child_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    outputs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            details = [p.communicate() for p in procs]
+            raise AssertionError(f"world of {world_size} hung past {timeout}s: {details}") from None
+        outputs.append((proc.returncode, out, err))
+    results = []
+    for rank, (code, out, err) in enumerate(outputs):
+        lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+        if not lines:
+            raise AssertionError(f"rank {rank} exited with {code} and no result; stderr:\n{err}\nstdout:\n{out}")
+        result = json.loads(lines[-1][len(RESULT_PREFIX):])
+        result["returncode"] = code
+        result["stderr"] = err
+        if "error" in result and not expect_errors:
+            raise AssertionError(f"rank {rank} raised {result['error']}: {result['message']}\n{result['traceback']}")
+        results.append(result)
+    return results

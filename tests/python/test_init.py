@@ -1,0 +1,278 @@
+"""init_process_group over every init method at world sizes 1..4, in real processes, and
+its error cases."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pytest
+
+import ringtree
+from harness import free_port, run_world
+
+WORLD_SIZES = [1, 2, 3, 4]
+
+
+def _expected(world_size: int) -> list[str]:
+    return [f"from-{r}" for r in range(world_size)]
+
+
+def _check(results: list[dict], world_size: int) -> None:
+    for rank, result in enumerate(results):
+        value = result["ok"]
+        assert value["rank"] == rank
+        assert value["world_size"] == world_size
+        assert value["backend"] == "gloo"
+        assert value["initialized"] is True
+        assert value["initialized_after"] is False
+        assert value["values"] == _expected(world_size)
+        assert result["returncode"] == 0
+
+
+def _run_hosted(method: str, world_size: int, **kwargs) -> list[dict]:
+    """Rank 0 hosts the TCPStore on a port chosen here; retried if another process took
+    that port between our check and rank 0's bind."""
+    for _ in range(3):
+        port = free_port()
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size)}
+        env.pop("RINGTREE_USE_AGENT_STORE", None)
+        results = run_world(
+            "workers:init_and_exchange",
+            world_size,
+            env=env,
+            per_rank_env=[{"RANK": str(r), "RINGTREE_USE_AGENT_STORE": "0"} for r in range(world_size)],
+            expect_errors=True,
+            method=method,
+            port=port,
+            **kwargs,
+        )
+        if any("Address already in use" in r.get("message", "") for r in results):
+            continue
+        errors = [r for r in results if "error" in r]
+        assert not errors, errors[0]["traceback"]
+        return results
+    pytest.fail("could not find a free port in 3 tries")
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_env_init(world_size):
+    _check(_run_hosted("env", world_size), world_size)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_tcp_init(world_size):
+    _check(_run_hosted("tcp", world_size), world_size)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_file_init(world_size, tmp_path):
+    path = tmp_path / "rendezvous"
+    results = run_world("workers:init_and_exchange", world_size, method="file", path=str(path))
+    _check(results, world_size)
+    assert not path.exists(), "the last FileStore user removes the file"
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_store_init_with_tcp_store(world_size):
+    server = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results = run_world("workers:init_and_exchange", world_size, method="store-tcp", port=server.port)
+    _check(results, world_size)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_store_init_with_file_store(world_size, tmp_path):
+    results = run_world("workers:init_and_exchange", world_size, method="store-file", path=str(tmp_path / "fs"))
+    _check(results, world_size)
+
+
+def test_agent_store_makes_every_rank_a_client():
+    """With RINGTREE_USE_AGENT_STORE=1 (what ringtree-run sets) nobody binds MASTER_PORT."""
+    agent = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "WORLD_SIZE": "3",
+           "RINGTREE_USE_AGENT_STORE": "1"}
+    results = run_world("workers:init_and_exchange", 3, env=env,
+                        per_rank_env=[{"RANK": str(r)} for r in range(3)], method="env")
+    _check(results, 3)
+
+
+def test_host_rank_leaving_first_does_not_break_others():
+    for _ in range(3):
+        port = free_port()
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3",
+               "RINGTREE_USE_AGENT_STORE": "0"}
+        results = run_world("workers:host_leaves_first", 3, env=env, expect_errors=True,
+                            per_rank_env=[{"RANK": str(r)} for r in range(3)])
+        if any("Address already in use" in r.get("message", "") for r in results):
+            continue
+        break
+    for result in results:
+        assert "error" not in result, result.get("traceback")
+        assert result["returncode"] == 0
+    assert [r["ok"]["value"] for r in results[1:]] == ["hello", "hello"]
+    assert sorted(r["ok"]["late"] for r in results[1:]) == [1, 2]
+
+
+def test_store_timeout_names_key_and_comes_back_in_time():
+    for _ in range(3):
+        port = free_port()
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "1", "RANK": "0",
+               "RINGTREE_USE_AGENT_STORE": "0"}
+        results = run_world("workers:get_missing_key", 1, env=env, expect_errors=True, timeout_ms=300)
+        if "Address already in use" not in results[0].get("message", ""):
+            break
+    value = results[0]["ok"]
+    assert 0.25 <= value["elapsed"] < 1.3
+    assert "never-set" in value["message"]
+    assert "300" in value["message"]
+
+
+# --- error cases, in this process -----------------------------------------------------------
+
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"])
+def test_env_missing_variable_is_named(missing, monkeypatch):
+    values = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "WORLD_SIZE": "1"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(missing)
+    with pytest.raises(ValueError, match=f"environment variable {missing} expected, but not set"):
+        ringtree.init_process_group("gloo")
+    assert not ringtree.is_initialized()
+
+
+def test_env_arguments_override_environment(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RINGTREE_USE_AGENT_STORE", "1")
+    agent = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(agent.port))
+    ringtree.init_process_group("gloo", rank=0, world_size=1)
+    assert (ringtree.get_rank(), ringtree.get_world_size()) == (0, 1)
+
+
+def test_second_init_raises(tmp_path):
+    ringtree.init_process_group("gloo", init_method=f"file://{tmp_path}/f", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="twice"):
+        ringtree.init_process_group("gloo", init_method=f"file://{tmp_path}/g", rank=0, world_size=1)
+    ringtree.destroy_process_group()
+    # After destroy, a new init works.
+    ringtree.init_process_group("gloo", init_method=f"file://{tmp_path}/h", rank=0, world_size=1)
+    assert ringtree.is_initialized()
+
+
+@pytest.mark.parametrize("method", ["file", "store"])
+def test_rank_not_below_world_size_raises(method, tmp_path):
+    with pytest.raises(ValueError, match="rank"):
+        if method == "file":
+            ringtree.init_process_group("gloo", init_method=f"file://{tmp_path}/f", rank=2, world_size=2)
+        else:
+            ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=2, world_size=2)
+    assert not ringtree.is_initialized()
+
+
+def test_store_and_init_method_are_exclusive():
+    with pytest.raises(ValueError, match="Cannot specify both init_method and store"):
+        ringtree.init_process_group("gloo", init_method="env://", store=ringtree.HashStore(), rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("rank,world_size,match", [(-1, 1, "rank must be non-negative"), (0, -1, "world_size must be positive")])
+def test_store_needs_rank_and_world_size(rank, world_size, match):
+    with pytest.raises(ValueError, match=match):
+        ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=rank, world_size=world_size)
+
+
+def test_file_init_needs_rank_and_world_size(tmp_path):
+    with pytest.raises(ValueError, match="rank parameter missing"):
+        ringtree.init_process_group("gloo", init_method=f"file://{tmp_path}/f")
+
+
+def test_tcp_init_needs_port():
+    with pytest.raises(ValueError, match="port number missing"):
+        ringtree.init_process_group("gloo", init_method="tcp://127.0.0.1", rank=0, world_size=1)
+
+
+def test_unknown_scheme():
+    with pytest.raises(RuntimeError, match="No rendezvous handler for foo://"):
+        ringtree.init_process_group("gloo", init_method="foo://x", rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("bad", [timedelta(seconds=-1), timedelta(0)])
+def test_bad_timeout_value(bad):
+    with pytest.raises(ValueError, match="timeout"):
+        ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=0, world_size=1, timeout=bad)
+
+
+def test_timeout_type():
+    with pytest.raises(TypeError, match="timedelta"):
+        ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=0, world_size=1, timeout=5)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="Unknown backend type"):
+        ringtree.init_process_group("nosuchbackend", store=ringtree.HashStore(), rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "mpi", "cpu:mpi"])
+def test_unavailable_backend(backend):
+    with pytest.raises(ringtree.DistBackendError, match="not available"):
+        ringtree.init_process_group(backend, store=ringtree.HashStore(), rank=0, world_size=1)
+
+
+def test_cpu_device_id_rejected():
+    with pytest.raises(ValueError, match="accelerator"):
+        ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=0, world_size=1, device_id="cpu")
+
+
+def test_unreachable_store_is_a_network_error_within_timeout(monkeypatch):
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("RINGTREE_USE_AGENT_STORE", "0")
+    start = time.monotonic()
+    with pytest.raises(ringtree.DistNetworkError, match=f"127.0.0.1:{port}") as info:
+        ringtree.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
+                                    timeout=timedelta(seconds=1))
+    elapsed = time.monotonic() - start
+    assert 0.5 <= elapsed < 3.0, elapsed
+    assert isinstance(info.value, ConnectionError)
+    assert not ringtree.is_initialized()
+
+
+def test_default_backend_and_queries():
+    ringtree.init_process_group(store=ringtree.HashStore(), rank=0, world_size=1)
+    assert ringtree.get_backend() == "cpu:gloo,cuda:nccl"
+    assert ringtree.get_backend_config() == "cpu:gloo,cuda:nccl"
+    assert ringtree.group.WORLD is ringtree.GroupMember.WORLD
+    assert ringtree.group.WORLD.rank() == 0 and ringtree.group.WORLD.size() == 1
+    ringtree.destroy_process_group()
+    assert ringtree.group.WORLD is None
+
+
+def test_queries_before_init_raise():
+    for fn in (ringtree.get_rank, ringtree.get_world_size, ringtree.get_backend, ringtree.destroy_process_group):
+        with pytest.raises(ValueError, match="has not been initialized"):
+            fn()
+
+
+def test_init_barrier_env(monkeypatch):
+    monkeypatch.setenv("RINGTREE_INIT_BARRIER", "1")
+    ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=0, world_size=1)
+    assert ringtree.is_initialized()
+
+
+def test_availability():
+    assert ringtree.is_available() and ringtree.is_gloo_available()
+    assert not ringtree.is_nccl_available() and not ringtree.is_mpi_available()
+    assert ringtree.is_backend_available("gloo") and not ringtree.is_backend_available("mpi")
+    assert ringtree.get_default_backend_for_device("cpu") == "gloo"
+    assert ringtree.get_default_backend_for_device("cuda:0") == "nccl"
+
+
+def test_get_node_local_rank(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert ringtree.get_node_local_rank(fallback_rank=3) == 3
+    with pytest.raises(RuntimeError, match="LOCAL_RANK"):
+        ringtree.get_node_local_rank()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert ringtree.get_node_local_rank() == 1
+    assert os.environ["LOCAL_RANK"] == "1"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# ringtree's test command: builds and runs the C++ tests (ctest), then the Python tests
+# against the installed package. Needs GoogleTest, cmake, ninja and an installed ringtree
+# (pip install ".[test]"); .ci/run installs all of it on a clean machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=${RINGTREE_TEST_BUILD_DIR:-build/tests}
+cmake -S . -B "$build_dir" -G Ninja -DRINGTREE_BUILD_TESTS=ON -DRINGTREE_BUILD_PYTHON=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build_dir" -j 2
+ctest --test-dir "$build_dir" --output-on-failure --timeout 180
+
+# The source tree is not on sys.path from here, so the installed package is what runs.
+python -m pytest tests/python -q "$@"
