@@ -58,6 +58,9 @@ class RINGTREE_API TcpStore : public Store {
   // Number of client connections the server currently holds (this one included);
   // -1 when this object does not run the server.
   int numServerClients() const;
+  // Number of client connections the server has accepted since it started (closed ones
+  // included); -1 when this object does not run the server.
+  int64_t totalServerClients() const;
 
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key) override;
