@@ -249,9 +249,9 @@ def test_tcp_store_survives_garbage():
     silent = socket.create_connection(("127.0.0.1", server.port))  # connects and sends nothing
     for payload in payloads:
         with socket.create_connection(("127.0.0.1", server.port), timeout=2) as s:
-            s.sendall(payload)
-            s.shutdown(socket.SHUT_WR)
-            try:
+            try:  # the server may close the connection before we are done sending
+                s.sendall(payload)
+                s.shutdown(socket.SHUT_WR)
                 s.recv(100)
             except OSError:
                 pass

@@ -164,7 +164,10 @@ multi_tenant and use_libuv are accepted for torch compatibility and have no effe
       .def_property_readonly("host", &TcpStore::host)
       .def_property_readonly("port", &TcpStore::port)
       .def_property_readonly("_num_server_clients", &TcpStore::numServerClients,
-                             "Live client connections of the server this object runs; -1 if it runs none.");
+                             "Live client connections of the server this object runs; -1 if it runs none.")
+      .def_property_readonly("_total_server_clients", &TcpStore::totalServerClients,
+                             "Client connections the server this object runs has accepted since it started "
+                             "(closed ones included); -1 if it runs none.");
 
   py::class_<PrefixStore, Store, std::shared_ptr<PrefixStore>>(m, "PrefixStore",
                                                               "A view of a store with every key prefixed.")

@@ -34,7 +34,7 @@ from .process_group import (
     is_nccl_available,
 )
 from .process_group import _store_barrier as _store_barrier
-from .reduce_op import ReduceOp
+from ._reduce_op import ReduceOp
 from .rendezvous import register_rendezvous_handler, rendezvous
 
 __all__ = [

@@ -379,7 +379,10 @@ def _wait_for_retained_stores() -> None:
         delay = 0.001
         while time.monotonic() < deadline:
             try:
-                if root._num_server_clients <= 1 or pg_store.add(_EXITED_KEY, 0) >= size:
+                # Done when every rank said it finished, or when every rank has connected
+                # at some point and only our own connection is left (the others exited).
+                all_left = root._total_server_clients >= size and root._num_server_clients <= 1
+                if all_left or pg_store.add(_EXITED_KEY, 0) >= size:
                     break
             except Exception:  # noqa: BLE001
                 break
