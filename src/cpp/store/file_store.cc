@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <limits>
 #include <system_error>
@@ -16,6 +15,7 @@
 #include <ringtree/error.h>
 
 #include "common/logging.h"
+#include "store/store_util.h"
 
 namespace ringtree {
 
@@ -169,9 +169,7 @@ class FileStore::Impl {
           return onPresent();
         }
         if (Clock::now() >= deadline) {
-          throw StoreError("FileStore '" + path_ + "': " + op + " timed out after " +
-                           std::to_string(timeout.count()) + " ms waiting for key(s) [" +
-                           missing(keys) + "]");
+          detail::throwWaitTimeout("FileStore '" + path_ + "'", op, timeout, missing(keys));
         }
       }
       std::this_thread::sleep_for(std::min<Clock::duration>(poll, deadline - Clock::now()));
@@ -226,15 +224,12 @@ class FileStore::Impl {
     if (it == map_.end()) {
       return 0;
     }
-    const auto* first = reinterpret_cast<const char*>(it->second.data());
-    const auto* last = first + it->second.size();
-    int64_t result = 0;
-    const auto [end, ec] = std::from_chars(first, last, result);
-    if (it->second.empty() || ec != std::errc() || end != last) {
+    const auto counter = detail::parseCounter(it->second);
+    if (!counter) {
       throw InvalidArgument("FileStore '" + path_ + "': add on key '" + key +
                             "', whose value is not a decimal int64 counter");
     }
-    return result;
+    return *counter;
   }
 
   std::unordered_map<std::string, Bytes> map_;
@@ -379,14 +374,14 @@ class FileStore::Impl {
     }
   }
 
-  std::string missing(const std::vector<std::string>& keys) const {
-    std::string list;
+  std::vector<std::string> missing(const std::vector<std::string>& keys) const {
+    std::vector<std::string> absent;
     for (const auto& key : keys) {
       if (map_.count(key) == 0) {
-        list += (list.empty() ? "'" : ", '") + key + "'";
+        absent.push_back(key);
       }
     }
-    return list;
+    return absent;
   }
 
   const std::string path_;

@@ -1,9 +1,10 @@
 #include <ringtree/store/hash_store.h>
 
 #include <algorithm>
-#include <charconv>
 
 #include <ringtree/error.h>
+
+#include "store/store_util.h"
 
 namespace ringtree {
 
@@ -37,27 +38,23 @@ void waitForKeys(std::unique_lock<std::mutex>& lock, std::condition_variable& ch
   if (changed.wait_until(lock, deadline, [&] { return hasAll(map, keys); })) {
     return;
   }
-  std::string missing;
+  std::vector<std::string> missing;
   for (const auto& key : keys) {
     if (map.count(key) == 0) {
-      missing += (missing.empty() ? "'" : ", '") + key + "'";
+      missing.push_back(key);
     }
   }
-  throw StoreError("HashStore: " + std::string(op) + " timed out after " +
-                   std::to_string(timeout.count()) + " ms waiting for key(s) [" + missing + "]");
+  detail::throwWaitTimeout("HashStore", op, timeout, missing);
 }
 
 // The value add() adds to: a decimal int64 ("-12"), nothing else.
 int64_t parseCounter(const std::string& key, const Bytes& value) {
-  const auto* first = reinterpret_cast<const char*>(value.data());
-  const auto* last = first + value.size();
-  int64_t result = 0;
-  const auto [end, ec] = std::from_chars(first, last, result);
-  if (value.empty() || ec != std::errc() || end != last) {
+  const auto counter = detail::parseCounter(value);
+  if (!counter) {
     throw InvalidArgument("HashStore: add on key '" + key +
                           "', whose value is not a decimal int64 counter");
   }
-  return result;
+  return *counter;
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 #include <ringtree/store/store.h>
 
+#include <charconv>
+
 #include <ringtree/error.h>
+
+#include "store/store_util.h"
 
 namespace ringtree {
 
@@ -43,5 +47,30 @@ void Store::setTimeout(Timeout timeout) { timeoutMs_.store(checkedTimeout(timeou
 Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+namespace detail {
+
+std::optional<int64_t> parseCounter(const Bytes& value) {
+  const auto* first = reinterpret_cast<const char*>(value.data());
+  const auto* last = first + value.size();
+  int64_t result = 0;
+  const auto [end, ec] = std::from_chars(first, last, result);
+  if (value.empty() || ec != std::errc() || end != last) {
+    return std::nullopt;
+  }
+  return result;
+}
+
+void throwWaitTimeout(const std::string& store, const char* op, Store::Timeout timeout,
+                      const std::vector<std::string>& missing) {
+  std::string keys;
+  for (const auto& key : missing) {
+    keys += (keys.empty() ? "" : ", ") + key;
+  }
+  throw StoreError(store + " " + op + " timed out after " + std::to_string(timeout.count()) +
+                   " ms; keys not set: [" + keys + "]");
+}
+
+}  // namespace detail
 
 }  // namespace ringtree

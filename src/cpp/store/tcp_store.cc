@@ -11,6 +11,7 @@
 
 #include "common/env.h"
 #include "common/socket.h"
+#include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
 #include "store/tcp_store_server.h"
 
@@ -34,15 +35,6 @@ constexpr milliseconds kMaxConnectAttempt = std::chrono::seconds(10);
 // Pause between connection rounds: doubles from the first to the maximum.
 constexpr milliseconds kFirstBackoff(10);
 constexpr milliseconds kMaxBackoff(1000);
-
-std::string formatKeys(const std::vector<std::string>& keys) {
-  std::string text = "[";
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += keys[i];
-  }
-  return text + "]";
-}
 
 // Throws InvalidArgument for more keys than one request may carry.
 void checkKeyCount(const std::vector<std::string>& keys, const char* name) {
@@ -146,8 +138,7 @@ class TcpStore::Client {
     proto::Reader r(reply.payload);
     std::vector<std::string> missing;
     expect(r.keys(&missing) && r.done(), name);
-    throw StoreError("TCPStore " + std::string(name) + " timed out after " + std::to_string(timeout.count()) +
-                     " ms; keys not set: " + formatKeys(missing));
+    detail::throwWaitTimeout("TCPStore", name, timeout, missing);
   }
 
  private:

@@ -21,6 +21,7 @@
 #include <ringtree/error.h>
 
 #include "common/logging.h"
+#include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
 
 namespace ringtree {
@@ -50,26 +51,6 @@ constexpr size_t kInitialPayloadBuffer = size_t{64} << 10;
 // Longest wait a request may ask for (about a year), so that deadlines never overflow.
 constexpr int64_t kMaxWaitMs = int64_t{365} * 24 * 3600 * 1000;
 constexpr uint32_t kEpollReadEvents = EPOLLIN | EPOLLRDHUP;
-
-// Decimal int64 with an optional leading '-': what add() stores. Anything else (empty,
-// spaces, '+', trailing bytes, overflow) is not a counter.
-bool parseCounter(const Bytes& value, int64_t* out) {
-  if (value.empty()) return false;
-  size_t i = 0;
-  const bool negative = value[0] == '-';
-  if (negative) i = 1;
-  if (i == value.size()) return false;
-  uint64_t magnitude = 0;
-  const uint64_t limit = negative ? uint64_t{1} << 63 : static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-  for (; i < value.size(); ++i) {
-    if (value[i] < '0' || value[i] > '9') return false;
-    const uint64_t digit = value[i] - '0';
-    if (magnitude > (limit - digit) / 10) return false;
-    magnitude = magnitude * 10 + digit;
-  }
-  *out = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
-  return true;
-}
 
 // Compares in time that depends only on the lengths, not on where the contents differ.
 bool constantTimeEquals(const std::string& a, const std::string& b) {
@@ -430,16 +411,16 @@ class TcpStoreServer::Impl {
         std::string key;
         int64_t delta = 0;
         if (!(r.str(&key) && r.i64(&delta) && r.done())) return malformed();
-        int64_t current = 0;
         const auto it = data_.find(key);
-        if (it != data_.end() && !parseCounter(it->second, &current)) {
+        const auto counter = it == data_.end() ? std::optional<int64_t>(0) : detail::parseCounter(it->second);
+        if (!counter) {
           return replyMessage(c, proto::Status::kInvalidArgument,
                               "key '" + key + "' holds a value that is not a decimal integer");
         }
         int64_t sum = 0;
-        if (__builtin_add_overflow(current, delta, &sum)) {
+        if (__builtin_add_overflow(*counter, delta, &sum)) {
           return replyMessage(c, proto::Status::kInvalidArgument,
-                              std::to_string(current) + " + " + std::to_string(delta) +
+                              std::to_string(*counter) + " + " + std::to_string(delta) +
                                   " overflows int64 for key '" + key + "'");
         }
         const std::string text = std::to_string(sum);
