@@ -11,7 +11,10 @@ server on ``--master-port``, or on a port the kernel picks when none is given, s
 no "find a free port" race). Every worker, rank 0 included, is a client of that store:
 ``RINGTREE_USE_AGENT_STORE=1`` tells ringtree's ``env://`` rendezvous so. The store lives
 until every local worker has exited, so no rank loses it because rank 0 finished first.
-Launchers on other nodes host nothing and need ``--master-addr``/``--master-port``.
+Launchers on other nodes host nothing and need ``--master-addr``/``--master-port``; when
+their workers are done (successfully or not) they report it through the store, and the
+launcher on node rank 0, once its own workers have succeeded, keeps the store up until
+every node has reported (at most 5 minutes), then exits with 1 if a node reported failure.
 
 Each worker gets a copy of the launcher's environment plus ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_NAME``,
@@ -19,15 +22,17 @@ Each worker gets a copy of the launcher's environment plus ``RANK``, ``LOCAL_RAN
 ``RINGTREE_USE_AGENT_STORE=1`` and ``OMP_NUM_THREADS=1`` unless already set. The global
 rank is ``node_rank * nproc_per_node + local_rank``.
 
-Workers run in their own process groups. Their stdout is inherited; their stderr is
-streamed through to the launcher's stderr while its last lines are kept for the failure
-report. When a worker fails (non-zero exit or killed by a signal) the others get SIGTERM,
-then SIGKILL after a grace period; the launcher reports the first failure (rank, pid,
-exit code or signal, stderr tail) and exits with that worker's exit code (1 when it was
-killed by a signal). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the launcher are
-forwarded to every worker (SIGKILL follows after the grace period, or at once on a second
-signal) and the launcher exits with 128 + the signal number. Processes a worker leaves
-behind in its process group are killed when the job ends.
+Workers run in their own process groups. Python workers run without ``-u``: set
+``PYTHONUNBUFFERED=1`` to have stdout unbuffered when it is not a terminal. Their stdout
+is inherited; their stderr is streamed through to the launcher's stderr while its last
+lines are kept for the failure report. When a worker fails (non-zero exit or killed by a
+signal) the others get SIGTERM, then SIGKILL after a grace period; the launcher reports
+the first failure (rank, pid, exit code or signal, stderr tail) and exits with that
+worker's exit code (1 when it was killed by a signal). SIGINT, SIGTERM, SIGHUP and
+SIGQUIT sent to the launcher are forwarded to every worker (SIGKILL follows after the
+grace period, or at once on a second signal) and the launcher exits with 128 + the signal
+number. Processes a worker leaves behind in its process group are killed when the job
+ends. A launcher killed with SIGKILL cannot stop its workers; they lose the store.
 
 This module imports only the standard library at start; ``ringtree.TCPStore`` is imported
 when the store is created. Nothing heavy (torch, numpy) is loaded.
@@ -61,6 +66,15 @@ _STDERR_TAIL_LINES = 40
 _STDERR_MAX_PARTIAL = 8192
 _READ_CHUNK = 65536
 _PROG = "ringtree-run"
+# Multi-node jobs: the launcher on node rank 0 keeps the store up until the launchers of
+# the other nodes have reported the end of their workers (torchrun's exit barrier), for at
+# most this long, polling every _EXIT_POLL_S.
+_EXIT_BARRIER_TIMEOUT_S = 300.0
+_EXIT_POLL_S = 0.05
+# Seconds a launcher on node rank > 0 tries to reach the store to report its end.
+_CHECK_OUT_TIMEOUT_S = 10.0
+_EXITED_KEY = "ringtree-run/nodes_exited"
+_FAILED_KEY = "ringtree-run/nodes_failed"
 
 
 def _nproc_per_node(value: str) -> int:
@@ -131,12 +145,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "--node_rank",
         type=int,
         default=0,
+        metavar="RANK",
         help="rank of this node, 0..nnodes-1 (default 0)",
     )
     parser.add_argument(
         "--master-addr",
         "--master_addr",
         default="127.0.0.1",
+        metavar="ADDR",
         help="address of node rank 0, where the store is hosted (default 127.0.0.1)",
     )
     parser.add_argument(
@@ -144,13 +160,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "--master_port",
         type=_port,
         default=None,
+        metavar="PORT",
         help="port of the store on node rank 0; omitted: the kernel picks a free one "
         "(required when --nnodes > 1)",
     )
     parser.add_argument(
         "--standalone",
         action="store_true",
-        help="single-node job: nnodes=1, node rank 0, store on 127.0.0.1 at a picked port",
+        help="single-node job: nnodes=1, node rank 0, store on 127.0.0.1 at a picked port "
+        "(overrides --nnodes, --node-rank, --master-addr and --master-port)",
     )
     parser.add_argument(
         "-m",
@@ -168,7 +186,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "training_script",
         help="the script (or module with -m, or program with --no-python) each worker runs",
     )
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    parser.add_argument(
+        "training_script_args",
+        nargs=argparse.REMAINDER,
+        help="arguments passed to the training script",
+    )
     return parser
 
 
@@ -191,15 +213,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _worker_command(args: argparse.Namespace) -> list[str]:
+    """The command line every worker runs."""
     if args.no_python:
         return [args.training_script, *args.training_script_args]
-    command = [sys.executable, "-u"]
+    # Not "-u" (torchrun's choice): Python's own buffering writes whole lines at once
+    # (stderr always, stdout on a terminal), so the lines of several ranks never mix.
+    command = [sys.executable]
     if args.module:
         command.append("-m")
     return [*command, args.training_script, *args.training_script_args]
 
 
 def _worker_env(args: argparse.Namespace, local_rank: int, master_port: int) -> dict[str, str]:
+    """The environment of the worker of ``local_rank``: the launcher's plus the job's."""
     nproc = args.nproc_per_node
     rank = args.node_rank * nproc + local_rank
     world_size = args.nnodes * nproc
@@ -372,6 +398,7 @@ class _Launcher:
             self._signals.append(signum)
 
     def _run(self) -> int:
+        """``run`` once the signal handlers are in place."""
         args = self._args
         store = None
         master_port = args.master_port
@@ -393,16 +420,23 @@ class _Launcher:
                 return 1
             master_port = store.port
         try:
-            return self._supervise(master_port)
+            code = self._supervise(master_port)
         finally:
-            # Every worker is dead and reaped before the store goes away.
+            # Every worker is dead and reaped before the store (a local) goes away.
             for worker in self._workers:
                 worker.reap()
             for worker in self._workers:
                 worker.tail.join(_STDERR_DRAIN_S)
-            del store
+        if args.nnodes == 1 or self._signals:
+            return code
+        if store is None:
+            self._check_out(master_port, code)
+            return code
+        return self._wait_for_other_nodes(store) if code == 0 else code
 
     def _supervise(self, master_port: int) -> int:
+        """Start the workers, then block until they have all exited, one of them failed or
+        a signal arrived; stop the rest in the last two cases. Returns the exit code."""
         args = self._args
         command = _worker_command(args)
         write = _stderr_writer()
@@ -443,6 +477,50 @@ class _Launcher:
             self._report(failures)
             status = failures[0].status
             return status if status > 0 else 1
+        return 0
+
+    def _check_out(self, master_port: int, code: int) -> None:
+        """Node rank > 0: report the end of this node's workers (and a failure) through
+        the store; blocks up to _CHECK_OUT_TIMEOUT_S. Errors are printed, not raised."""
+        from datetime import timedelta
+
+        from ringtree import TCPStore
+
+        address = f"{self._args.master_addr}:{master_port}"
+        try:
+            store = TCPStore(
+                self._args.master_addr,
+                master_port,
+                timeout=timedelta(seconds=_CHECK_OUT_TIMEOUT_S),
+            )
+            if code != 0:
+                store.add(_FAILED_KEY, 1)
+            store.add(_EXITED_KEY, 1)
+        except (OSError, RuntimeError) as exc:
+            _print(f"could not report this node's end to the store at {address}: {exc}")
+
+    def _wait_for_other_nodes(self, store) -> int:
+        """Node rank 0, after its workers succeeded: keep the store up until every other
+        node has reported its end (at most _EXIT_BARRIER_TIMEOUT_S; a signal ends the
+        wait). Returns the launcher's exit code: 1 if another node reported a failure."""
+        others = self._args.nnodes - 1
+        deadline = time.monotonic() + _EXIT_BARRIER_TIMEOUT_S
+        while store.add(_EXITED_KEY, 0) < others:
+            if self._signals:
+                signum = self._signals[0]
+                _print(f"received {signal.Signals(signum).name} while waiting for other nodes")
+                return 128 + signum
+            if time.monotonic() > deadline:
+                _print(
+                    f"{others - store.add(_EXITED_KEY, 0)} other node(s) did not report their "
+                    f"end within {_EXIT_BARRIER_TIMEOUT_S:.0f} s; closing the store"
+                )
+                return 0
+            self._wait(_EXIT_POLL_S)
+        failed = store.add(_FAILED_KEY, 0)
+        if failed:
+            _print(f"workers failed on {failed} other node(s); see their launchers' reports")
+            return 1
         return 0
 
     def _wait(self, timeout: float) -> None:
