@@ -11,6 +11,12 @@ std::string getString(const char* name, const std::string& fallback) {
 
 std::string storeToken() { return getString("RINGTREE_STORE_TOKEN"); }
 
+std::string algorithm() { return getString("RINGTREE_ALGO"); }
+
 std::string logLevel() { return getString("RINGTREE_LOG_LEVEL", "warn"); }
+
+std::string transport() { return getString("RINGTREE_TRANSPORT"); }
+
+std::string socketIfname() { return getString("RINGTREE_SOCKET_IFNAME"); }
 
 }  // namespace ringtree::env

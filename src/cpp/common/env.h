@@ -14,6 +14,18 @@ std::string storeToken();
 // RINGTREE_LOG_LEVEL: error|warn|info|debug. Default: warn.
 std::string logLevel();
 
+// RINGTREE_ALGO: algorithm every collective uses instead of the automatic choice, when
+// the collective implements it (ring|tree|halving_doubling|chain). Default: none.
+std::string algorithm();
+
+// RINGTREE_TRANSPORT: auto|tcp|shm, how a communicator reaches its peers (see
+// CommunicatorOptions::transport, which it replaces when set). Default: unset (empty).
+std::string transport();
+
+// RINGTREE_SOCKET_IFNAME: network interface whose address TCP connections between ranks
+// use (e.g. "eth0"), when CommunicatorOptions::interface is empty. Default: unset (empty).
+std::string socketIfname();
+
 // Reads an environment variable; returns fallback when it is unset.
 std::string getString(const char* name, const std::string& fallback = "");
 

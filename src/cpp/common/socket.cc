@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <set>
 
 #include <ringtree/error.h>
 
@@ -231,6 +234,87 @@ std::string peerName(int fd) {
   socklen_t length = sizeof(storage);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) return "unknown peer";
   return sockaddrText(storage);
+}
+
+std::string numericHost(const Address& address) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  return hostText(reinterpret_cast<const sockaddr*>(&address.storage), buf, sizeof(buf));
+}
+
+bool isLoopback(const Address& address) {
+  const auto* sa = reinterpret_cast<const sockaddr*>(&address.storage);
+  if (sa->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&a)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+namespace {
+
+// The usable addresses of the interfaces getifaddrs() reports, in its order, with the
+// interface name and flags; link-local IPv6 addresses left out.
+struct InterfaceAddress {
+  std::string interface;
+  unsigned flags;
+  int family;
+  std::string host;
+};
+
+std::vector<InterfaceAddress> listInterfaceAddresses(std::set<std::string>* names) {
+  std::vector<InterfaceAddress> result;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return result;
+  for (const ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
+    if (names != nullptr) names->insert(ifa->ifa_name);
+    const sockaddr* sa = ifa->ifa_addr;
+    if (sa == nullptr || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6)) continue;
+    if (sa->sa_family == AF_INET6 &&
+        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr)) {
+      continue;
+    }
+    char buf[INET6_ADDRSTRLEN] = {0};
+    result.push_back({ifa->ifa_name, ifa->ifa_flags, sa->sa_family, hostText(sa, buf, sizeof(buf))});
+  }
+  ::freeifaddrs(list);
+  return result;
+}
+
+}  // namespace
+
+std::vector<std::string> interfaceAddresses(const std::string& name, std::string* error) {
+  std::set<std::string> names;
+  const auto all = listInterfaceAddresses(&names);
+  std::vector<std::string> result;
+  for (const int family : {AF_INET, AF_INET6}) {
+    for (const auto& entry : all) {
+      if (entry.interface == name && entry.family == family) result.push_back(entry.host);
+    }
+  }
+  if (result.empty()) {
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    *error = (names.count(name) != 0 ? "interface '" + name + "' has no usable IPv4 or IPv6 address"
+                                     : "no interface named '" + name + "'") +
+             " (interfaces: " + (known.empty() ? "none" : known) + ")";
+  }
+  return result;
+}
+
+std::string firstExternalAddress() {
+  const auto all = listInterfaceAddresses(nullptr);
+  for (const int family : {AF_INET, AF_INET6}) {
+    for (const auto& entry : all) {
+      if (entry.family == family && (entry.flags & IFF_UP) != 0 && (entry.flags & IFF_LOOPBACK) == 0) {
+        return entry.host;
+      }
+    }
+  }
+  return {};
 }
 
 void setNonBlocking(int fd) {

@@ -88,6 +88,22 @@ uint16_t localPort(int fd);
 // The peer address of a connected fd as text; "unknown peer" when it cannot be read.
 std::string peerName(int fd);
 
+// The address without its port as numeric text: "1.2.3.4" or "::1".
+std::string numericHost(const Address& address);
+
+// Whether address is a loopback address (127.0.0.0/8, ::1, or ::ffff:127.x.x.x).
+bool isLoopback(const Address& address);
+
+// The addresses of the network interface called name, as numeric text: IPv4 first, then
+// IPv6 (link-local IPv6 addresses, which need a scope to be reached, are left out).
+// Returns none, and sets *error, when there is no such interface or it has no usable
+// address; the error lists the interfaces that exist.
+std::vector<std::string> interfaceAddresses(const std::string& name, std::string* error);
+
+// The first address of an interface that is up and not loopback, IPv4 preferred over
+// (non-link-local) IPv6; empty when there is none.
+std::string firstExternalAddress();
+
 // Sets O_NONBLOCK / TCP_NODELAY. Throw NetworkError.
 void setNonBlocking(int fd);
 void setNoDelay(int fd);

@@ -44,4 +44,12 @@ class RINGTREE_API TimeoutError : public Error {
   using Error::Error;
 };
 
+// Ranks called different collectives, or the same collective with different arguments
+// (operation, data type, count, root). The message names both ranks and both calls.
+// Python: ringtree.CollectiveMismatchError (also a ValueError).
+class RINGTREE_API CollectiveMismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace ringtree

@@ -1,0 +1,500 @@
+#include "transport/shm/pair.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include <ringtree/error.h>
+
+namespace ringtree::transport::shm {
+
+namespace {
+
+std::string envelopeText(const Envelope& e, size_t bytes) {
+  std::ostringstream out;
+  out << bytes << " bytes (sequence " << e.sequence << ", operation " << e.operation << ", data type "
+      << static_cast<int>(e.dataType) << ", reduce op " << static_cast<int>(e.reduceOp) << ", count "
+      << e.count << ", root " << e.root << ")";
+  return out.str();
+}
+
+// Claims a sleeper's flag after a seq_cst fence (the waker's half of the eventcount in
+// protocol.h): true when the peer was asleep and must be sent a wake-up byte.
+bool claimSleeper(std::atomic<uint32_t>& flag) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return flag.load(std::memory_order_relaxed) != 0 && flag.exchange(0, std::memory_order_relaxed) != 0;
+}
+
+// Longest single sleep of sendNotice() waiting for ring space, so that a missed wake-up
+// costs at most this much.
+constexpr int kMaxNoticeSleepMs = 100;
+
+}  // namespace
+
+ShmPair::ShmPair(PairSetup setup, int peerRank, std::string peerDescription, const PairOptions& options)
+    : Pair(peerRank, std::move(peerDescription)),
+      socket_(std::move(setup.socket)),
+      tx_(std::move(setup.tx)),
+      rx_(std::move(setup.rx)),
+      txControl_(reinterpret_cast<RingControl*>(tx_.data())),
+      rxControl_(reinterpret_cast<RingControl*>(rx_.data())),
+      txRing_(tx_.data() + kRingOffset),
+      rxRing_(rx_.data() + kRingOffset),
+      txRingBytes_(setup.txRingBytes),
+      rxRingBytes_(setup.rxRingBytes),
+      peerPid_(setup.peerPid),
+      peerReadsDirect_(setup.peerReadsDirect),
+      weReadDirect_(setup.weReadDirect),
+      directCopyThreshold_(options.directCopyThreshold),
+      lastHealthCheck_(net::Clock::now()) {}
+
+ShmPair::~ShmPair() = default;
+
+void ShmPair::rethrowIfFailed() const {
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+void ShmPair::postSend(const Envelope& envelope, const void* data, size_t bytes) {
+  rethrowIfFailed();
+  if (data == nullptr && bytes > 0) {
+    throw InvalidArgument("postSend to " + peerDescription() + ": null buffer of " + std::to_string(bytes) +
+                          " bytes");
+  }
+  SendOp op;
+  op.envelope = envelope;
+  op.data = static_cast<const uint8_t*>(data);
+  op.bytes = bytes;
+  op.written = 0;
+  op.headerWritten = false;
+  op.direct = peerReadsDirect_ && bytes > 0 && bytes >= directCopyThreshold_;
+  sends_.push_back(op);
+}
+
+void ShmPair::postRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
+  rethrowIfFailed();
+  if (data == nullptr && bytes > 0) {
+    throw InvalidArgument("postRecv from " + peerDescription() + ": null buffer of " + std::to_string(bytes) +
+                          " bytes");
+  }
+  if (accumulate.fn != nullptr &&
+      (accumulate.elementSize == 0 || accumulate.elementSize > kMaxElementBytes ||
+       bytes % accumulate.elementSize != 0)) {
+    throw InvalidArgument("postRecv from " + peerDescription() + ": " + std::to_string(bytes) +
+                          " bytes are not whole elements of " + std::to_string(accumulate.elementSize) +
+                          " bytes (at most " + std::to_string(kMaxElementBytes) + ")");
+  }
+  recvs_.push_back(RecvOp{expected, static_cast<uint8_t*>(data), bytes, accumulate});
+}
+
+bool ShmPair::progress() {
+  rethrowIfFailed();
+  try {
+    if (owedWakeBytes_ > 0) drainWakeBytes();
+    if (idle()) return true;
+    if (++callsSinceClock_ >= kClockCheckCalls) {
+      callsSinceClock_ = 0;
+      const auto now = net::Clock::now();
+      if (now - lastHealthCheck_ >= kHealthCheckInterval) {
+        lastHealthCheck_ = now;
+        checkPeerAlive();
+      }
+    }
+    // Once the peer is gone its head and tail are final: if this pass, which loads them
+    // after the hang-up was seen, moves nothing, nothing will ever move again.
+    const bool peerWasClosed = peerClosed_;
+    bool moved = progressSends();
+    moved = progressRecvs() || moved;
+    if (idle()) return true;
+    if (peerWasClosed && !moved) throwPeerGone();
+    return false;
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+}
+
+bool ShmPair::progressSends() {
+  bool moved = false;
+  if (!directInFlight_.empty()) {
+    if (cachedTail_ < directInFlight_.front()) reloadTail();
+    while (!directInFlight_.empty() && cachedTail_ >= directInFlight_.front()) {
+      directInFlight_.pop_front();
+      moved = true;
+    }
+  }
+  while (!sends_.empty()) {
+    SendOp& op = sends_.front();
+    if (!op.headerWritten) {
+      const uint64_t position = alignToCacheLine(writePosition_);
+      const uint64_t end = position + sizeof(MessageHeader);
+      if (end - cachedTail_ > txRingBytes_ && end - reloadTail() > txRingBytes_) break;
+      MessageHeader header{};
+      header.envelope = op.envelope;
+      header.bytes = op.bytes;
+      header.kind = static_cast<uint32_t>(op.direct ? MessageKind::kDirect : MessageKind::kInline);
+      header.marker = kHeaderMarker;
+      header.address = op.direct ? reinterpret_cast<uintptr_t>(op.data) : 0;
+      std::memcpy(txRing_ + position % txRingBytes_, &header, sizeof(header));
+      writePosition_ = end;
+      op.headerWritten = true;
+      moved = true;
+      if (op.direct) {
+        directInFlight_.push_back(end);
+        sends_.pop_front();
+        continue;
+      }
+    }
+    moved = writePayload(op) || moved;
+    if (op.written < op.bytes) break;
+    sends_.pop_front();
+  }
+  publishHead();
+  return moved;
+}
+
+bool ShmPair::writePayload(SendOp& op) {
+  bool wrote = false;
+  while (op.written < op.bytes) {
+    uint64_t space = txRingBytes_ - (writePosition_ - cachedTail_);
+    if (space == 0) {
+      space = txRingBytes_ - (writePosition_ - reloadTail());
+      if (space == 0) break;
+    }
+    const size_t offset = writePosition_ % txRingBytes_;
+    const size_t n = std::min({static_cast<size_t>(space), op.bytes - op.written, txRingBytes_ - offset,
+                               kPublishBytes});
+    std::memcpy(txRing_ + offset, op.data + op.written, n);
+    writePosition_ += n;
+    op.written += n;
+    wrote = true;
+    if (writePosition_ - publishedHead_ >= kPublishBytes) publishHead();
+  }
+  return wrote;
+}
+
+bool ShmPair::progressRecvs() {
+  bool moved = false;
+  while (!recvs_.empty()) {
+    RecvOp& op = recvs_.front();
+    if (!haveHeader_) {
+      const uint64_t position = alignToCacheLine(readPosition_);
+      const uint64_t end = position + sizeof(MessageHeader);
+      if (cachedHead_ < end && reloadHead() < end) break;
+      MessageHeader header;
+      std::memcpy(&header, rxRing_ + position % rxRingBytes_, sizeof(header));
+      checkHeader(header, op);
+      header_ = header;
+      haveHeader_ = true;
+      headerEnd_ = end;
+      delivered_ = 0;
+      carryBytes_ = 0;
+      moved = true;
+      // A kDirect header stays in the ring until its payload is read: moving the tail
+      // past it is what finishes the peer's send.
+      if (header_.kind == static_cast<uint32_t>(MessageKind::kInline)) readPosition_ = end;
+    }
+    if (header_.kind == static_cast<uint32_t>(MessageKind::kDirect)) {
+      pullDirect(op);
+      readPosition_ = headerEnd_;
+    } else {
+      moved = readInlinePayload(op) || moved;
+      if (delivered_ < op.bytes) break;
+    }
+    haveHeader_ = false;
+    recvs_.pop_front();
+    moved = true;
+  }
+  publishTail();
+  return moved;
+}
+
+void ShmPair::checkHeader(const MessageHeader& header, const RecvOp& op) const {
+  const bool inlineKind = header.kind == static_cast<uint32_t>(MessageKind::kInline);
+  const bool directKind = header.kind == static_cast<uint32_t>(MessageKind::kDirect);
+  if (header.marker != kHeaderMarker || (!inlineKind && !directKind)) {
+    std::ostringstream what;
+    what << "corrupt message header at ring position " << alignToCacheLine(readPosition_) << " (marker 0x"
+         << std::hex << header.marker << ", kind " << std::dec << header.kind << ")";
+    throwProtocolError(what.str());
+  }
+  if (header.envelope != op.expected || header.bytes != op.bytes) {
+    throw EnvelopeMismatch(peerRank(), op.expected, op.bytes, header.envelope, header.bytes,
+                           peerDescription() + " sent a message of " + envelopeText(header.envelope, header.bytes) +
+                               " where this rank expected " + envelopeText(op.expected, op.bytes));
+  }
+  if (directKind && !weReadDirect_) {
+    throwProtocolError("sent a direct-copy message although this process cannot read its memory");
+  }
+}
+
+bool ShmPair::readInlinePayload(RecvOp& op) {
+  bool consumedAny = false;
+  while (delivered_ < op.bytes) {
+    uint64_t available = cachedHead_ - readPosition_;
+    if (available == 0) {
+      available = reloadHead() - readPosition_;
+      if (available == 0) break;
+    }
+    const size_t offset = readPosition_ % rxRingBytes_;
+    const size_t contiguous = rxRingBytes_ - offset;
+    const size_t n = std::min({static_cast<size_t>(available), op.bytes - delivered_, contiguous, kPublishBytes});
+    const uint8_t* src = rxRing_ + offset;
+    size_t consumed = n;
+    if (op.accumulate.fn == nullptr) {
+      std::memcpy(op.data + delivered_, src, n);
+    } else {
+      consumed = accumulateFromRing(op, src, n, n == contiguous);
+      if (consumed == 0) {
+        // Only part of the next element has arrived: wait unless more came meanwhile.
+        if (reloadHead() - readPosition_ == available) break;
+        continue;
+      }
+    }
+    readPosition_ += consumed;
+    delivered_ += consumed;
+    consumedAny = true;
+    if (readPosition_ - publishedTail_ >= kPublishBytes) publishTail();
+  }
+  return consumedAny;
+}
+
+size_t ShmPair::accumulateFromRing(RecvOp& op, const uint8_t* src, size_t n, bool atRingEnd) {
+  const size_t elementSize = op.accumulate.elementSize;
+  if (carryBytes_ > 0) {
+    // Completing an element that the wrap-around split: its first carryBytes_ bytes were
+    // the last bytes of the ring, and it belongs at delivered_ - carryBytes_.
+    const size_t take = std::min(elementSize - carryBytes_, n);
+    std::memcpy(carry_ + carryBytes_, src, take);
+    carryBytes_ += take;
+    if (carryBytes_ == elementSize) {
+      op.accumulate.fn(op.data + delivered_ + take - elementSize, carry_, 1);
+      carryBytes_ = 0;
+    }
+    return take;
+  }
+  const size_t whole = n - n % elementSize;
+  if (whole > 0) {
+    op.accumulate.fn(op.data + delivered_, src, whole / elementSize);
+    return whole;
+  }
+  if (!atRingEnd) return 0;
+  std::memcpy(carry_, src, n);
+  carryBytes_ = n;
+  return n;
+}
+
+void ShmPair::pullDirect(RecvOp& op) {
+  if (op.accumulate.fn == nullptr) {
+    readPeerMemory(op.data, header_.address, op.bytes, op);
+    return;
+  }
+  if (!bounce_) bounce_ = std::make_unique<uint8_t[]>(kBounceBytes);  // zeroed: faulted in once
+  const size_t elementSize = op.accumulate.elementSize;
+  const size_t chunk = kBounceBytes - kBounceBytes % elementSize;
+  for (size_t offset = 0; offset < op.bytes; offset += chunk) {
+    const size_t n = std::min(chunk, op.bytes - offset);
+    readPeerMemory(bounce_.get(), header_.address + offset, n, op);
+    op.accumulate.fn(op.data + offset, bounce_.get(), n / elementSize);
+  }
+}
+
+void ShmPair::readPeerMemory(uint8_t* dst, uint64_t address, size_t bytes, const RecvOp& op) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{dst + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(address + done)), bytes - done};
+    const ssize_t rc = ::process_vm_readv(peerPid_, &local, 1, &remote, 1, 0);
+    if (rc > 0) {
+      done += static_cast<size_t>(rc);
+      continue;
+    }
+    if (rc < 0 && errno == EINTR) continue;
+    const int error = rc < 0 ? errno : EFAULT;
+    std::ostringstream what;
+    if (error == ESRCH) {
+      what << peerDescription() << ": process " << peerPid_ << " exited during the receive of "
+           << envelopeText(op.expected, op.bytes);
+    } else {
+      what << peerDescription() << ": cannot read its send buffer (pid " << peerPid_ << ", address 0x" << std::hex
+           << address + done << std::dec << ", " << bytes - done << " bytes) for the receive of "
+           << envelopeText(op.expected, op.bytes) << ": " << net::errnoText(error);
+    }
+    throw NetworkError(what.str());
+  }
+}
+
+uint64_t ShmPair::reloadTail() {
+  const uint64_t tail = txControl_->tail.load(std::memory_order_acquire);
+  if (tail < cachedTail_ || tail > publishedHead_) {
+    throwProtocolError("moved the tail of this rank's ring to " + std::to_string(tail) + " (valid: " +
+                       std::to_string(cachedTail_) + " to " + std::to_string(publishedHead_) + ")");
+  }
+  cachedTail_ = tail;
+  return tail;
+}
+
+uint64_t ShmPair::reloadHead() {
+  const uint64_t head = rxControl_->head.load(std::memory_order_acquire);
+  if (head < cachedHead_ || head - publishedTail_ > rxRingBytes_) {
+    throwProtocolError("moved the head of its ring to " + std::to_string(head) + " (valid: " +
+                       std::to_string(cachedHead_) + " to " + std::to_string(publishedTail_ + rxRingBytes_) + ")");
+  }
+  cachedHead_ = head;
+  return head;
+}
+
+void ShmPair::publishHead() {
+  if (writePosition_ == publishedHead_) return;
+  publishedHead_ = writePosition_;
+  txControl_->head.store(publishedHead_, std::memory_order_release);
+  if (claimSleeper(txControl_->readerSleeping)) wakePeer();
+}
+
+void ShmPair::publishTail() {
+  if (readPosition_ == publishedTail_) return;
+  publishedTail_ = readPosition_;
+  rxControl_->tail.store(publishedTail_, std::memory_order_release);
+  if (claimSleeper(rxControl_->writerSleeping)) wakePeer();
+}
+
+void ShmPair::wakePeer() {
+  const char byte = 0;
+  for (;;) {
+    if (::send(socket_.fd(), &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
+    if (errno == EINTR) continue;
+    // A full socket buffer already holds wake-ups; anything else means the peer is gone.
+    if (errno != EAGAIN && errno != EWOULDBLOCK) peerClosed_ = true;
+    return;
+  }
+}
+
+void ShmPair::drainWakeBytes() {
+  char buffer[64];
+  for (;;) {
+    const ssize_t rc = ::recv(socket_.fd(), buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (rc > 0) {
+      owedWakeBytes_ -= std::min(owedWakeBytes_, static_cast<size_t>(rc));
+      if (static_cast<size_t>(rc) < sizeof(buffer)) return;
+      continue;
+    }
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+      peerClosed_ = true;
+      owedWakeBytes_ = 0;
+    }
+    return;
+  }
+}
+
+void ShmPair::checkPeerAlive() {
+  pollfd pfd{socket_.fd(), POLLRDHUP, 0};
+  if (::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) {
+    peerClosed_ = true;
+  }
+}
+
+void ShmPair::armWait(pollfd* pfd) {
+  pfd->fd = socket_.fd();
+  pfd->events = POLLIN;
+  pfd->revents = 0;
+  armedRead_ = !recvs_.empty();
+  armedWrite_ = !sends_.empty() || !directInFlight_.empty();
+  if (armedRead_) rxControl_->readerSleeping.store(1, std::memory_order_relaxed);
+  if (armedWrite_) txControl_->writerSleeping.store(1, std::memory_order_relaxed);
+  // The sleeper's half of the eventcount: the caller's next progress() loads the
+  // counters only after this fence.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void ShmPair::disarmWait() {
+  // A flag the peer already cleared means it sent (or is about to send) a wake-up byte.
+  if (armedRead_ && rxControl_->readerSleeping.exchange(0, std::memory_order_relaxed) == 0) ++owedWakeBytes_;
+  if (armedWrite_ && txControl_->writerSleeping.exchange(0, std::memory_order_relaxed) == 0) ++owedWakeBytes_;
+  armedRead_ = false;
+  armedWrite_ = false;
+  drainWakeBytes();
+}
+
+bool ShmPair::waitForSpace(uint64_t end, net::Deadline deadline) {
+  for (;;) {
+    if (end - reloadTail() <= txRingBytes_) return true;
+    if (peerClosed_ || net::Clock::now() >= deadline) return false;
+    txControl_->writerSleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (end - reloadTail() > txRingBytes_) {
+      int timeoutMs = net::pollTimeoutMs(deadline);
+      if (timeoutMs < 0 || timeoutMs > kMaxNoticeSleepMs) timeoutMs = kMaxNoticeSleepMs;
+      pollfd pfd{socket_.fd(), POLLIN, 0};
+      ::poll(&pfd, 1, timeoutMs);
+    }
+    // A flag the peer already cleared means it sent (or is about to send) a wake-up byte.
+    if (txControl_->writerSleeping.exchange(0, std::memory_order_relaxed) == 0) ++owedWakeBytes_;
+    drainWakeBytes();
+  }
+}
+
+void ShmPair::sendNotice(const Envelope& notice, net::Deadline deadline) noexcept {
+  try {
+    if (sends_.empty() || !sends_.front().headerWritten) {
+      const uint64_t position = alignToCacheLine(writePosition_);
+      const uint64_t end = position + sizeof(MessageHeader);
+      if (waitForSpace(end, deadline)) {
+        MessageHeader header{};
+        header.envelope = notice;
+        header.bytes = 0;
+        header.kind = static_cast<uint32_t>(MessageKind::kInline);
+        header.marker = kHeaderMarker;
+        std::memcpy(txRing_ + position % txRingBytes_, &header, sizeof(header));
+        writePosition_ = end;
+        publishHead();
+      }
+    }
+  } catch (...) {
+    // Best effort: a failure only means the peer does not learn why this rank gave up.
+  }
+  sends_.clear();
+  directInFlight_.clear();
+  recvs_.clear();
+  haveHeader_ = false;
+  if (failure_) return;
+  try {
+    throw NetworkError(peerDescription() + ": the shared-memory connection was abandoned after a failed call");
+  } catch (...) {
+    failure_ = std::current_exception();  // that NetworkError, or bad_alloc building it
+  }
+}
+
+std::string ShmPair::pendingText() const {
+  std::ostringstream out;
+  if (!recvs_.empty()) {
+    out << "the receive of " << envelopeText(recvs_.front().expected, recvs_.front().bytes);
+    if (haveHeader_) out << " (" << delivered_ << " bytes arrived)";
+    if (recvs_.size() > 1) out << " and " << recvs_.size() - 1 << " later receives";
+  }
+  const size_t sends = sends_.size() + directInFlight_.size();
+  if (sends > 0) {
+    if (!recvs_.empty()) out << ", ";
+    out << sends << (sends == 1 ? " send" : " sends");
+    if (!sends_.empty()) out << " (the next: " << envelopeText(sends_.front().envelope, sends_.front().bytes) << ")";
+  }
+  if (recvs_.empty() && sends == 0) out << "no operation";
+  return out.str();
+}
+
+void ShmPair::throwProtocolError(const std::string& what) const {
+  throw NetworkError(peerDescription() + " broke the shared-memory protocol: " + what + "; pending: " +
+                     pendingText());
+}
+
+void ShmPair::throwPeerGone() const {
+  throw NetworkError(peerDescription() + " closed the shared-memory connection (its process exited or its pair " +
+                     "was destroyed); pending: " + pendingText());
+}
+
+}  // namespace ringtree::transport::shm

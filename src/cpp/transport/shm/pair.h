@@ -1,0 +1,205 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "common/socket.h"
+#include "transport/pair.h"
+#include "transport/shm/device.h"
+#include "transport/shm/protocol.h"
+#include "transport/shm/segment.h"
+
+namespace ringtree::transport::shm {
+
+// What createPair() established with the peer, handed to the ShmPair it builds.
+struct PairSetup {
+  net::Socket socket;       // connected, non-blocking; wake-up bytes and death detection
+  Segment tx;               // our ring (we write), created and initialised here
+  Segment rx;               // the peer's ring (we read), validated by createPair()
+  size_t txRingBytes = 0;
+  size_t rxRingBytes = 0;
+  pid_t peerPid = 0;        // kernel-attested (SCM_CREDENTIALS), in our pid namespace
+  bool peerReadsDirect = false;  // the peer can process_vm_readv our memory
+  bool weReadDirect = false;     // we can process_vm_readv the peer's memory
+};
+
+// A Pair between two processes (or two threads) of one host, over two single-producer
+// single-consumer rings in shared memory (protocol.h has the layouts).
+//
+// Sends: posted messages are written into our ring in posting order: a MessageHeader,
+// then the payload, published every kPublishBytes so that the reader can start early;
+// a payload larger than the free space streams through as the reader frees it. An inline
+// send is finished once all its bytes are in the ring. A message of at least
+// PairOptions::directCopyThreshold bytes, when the peer can read our memory, is only a
+// kDirect header; the peer pulls the payload with process_vm_readv and moves the tail
+// past the header when done, which finishes the send.
+//
+// Receives: the payload is copied (or, with Accumulate, reduced) from the ring straight
+// into the destination, a chunk at a time; an element split by the ring's wrap-around
+// is gathered in a small carry buffer. A kDirect payload is pulled in one
+// process_vm_readv, or with Accumulate through a per-pair bounce buffer of kBounceBytes
+// (allocated at the first such receive) that is reduced into the destination while it is
+// still in cache.
+//
+// progress() does all the work it can without waiting, so when it returns false the pair
+// is waiting for the peer; never blocks otherwise (a direct pull of a large message is a
+// memory copy of that size). Peer death is noticed from the socket: a hang-up seen while
+// sleeping (armWait) or by a non-blocking check at least every kHealthCheckInterval
+// while spinning, or a failed process_vm_readv. Data the peer published before it went
+// away is still delivered; a posted operation that can no longer finish throws
+// NetworkError.
+//
+// Sleeping (the eventcount of protocol.h): armWait() raises this side's flags in shared
+// memory (readerSleeping while receives are posted, writerSleeping while sends wait for
+// ring space or a direct-copy completion) and returns {socket, POLLIN}. A peer that
+// publishes data, space or a completion and finds the flag raised clears it and writes
+// one byte to the socket. disarmWait() lowers the flags, counting the bytes the peer sent
+// or is about to send, which it and progress() drain.
+//
+// Everything read from the peer (head, tail, headers) is validated before use: a peer
+// that breaks the protocol makes this side throw NetworkError (or EnvelopeMismatch for
+// a well-formed header that differs from the posted receive), never crash. After the
+// first error every later call rethrows it. Not thread-safe (one owning thread, per the
+// Pair contract).
+class ShmPair final : public Pair {
+ public:
+  ShmPair(PairSetup setup, int peerRank, std::string peerDescription, const PairOptions& options);
+  ~ShmPair() override;
+
+  const char* kind() const override { return "shm"; }
+  // Throws InvalidArgument for a null buffer of nonzero size.
+  void postSend(const Envelope& envelope, const void* data, size_t bytes) override;
+  // Throws InvalidArgument for a null buffer of nonzero size, or an Accumulate whose
+  // elementSize is 0, above kMaxElementBytes or not a divisor of bytes.
+  void postRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) override;
+  bool progress() override;
+  void armWait(pollfd* pfd) override;
+  void disarmWait() override;
+  // At a message boundary of our ring (no inline payload partly written; a kDirect
+  // header already there is fine, the notice follows it), writes the notice as a
+  // header-only inline message once the ring has room for it, publishes it and wakes the
+  // peer. A kDirect send announced before stays readable by the peer (process_vm_readv of
+  // its buffer) until the peer's receive moves past it or fails.
+  void sendNotice(const Envelope& notice, net::Deadline deadline) noexcept override;
+
+  // Largest element size an Accumulate may have (the carry buffer's size).
+  static constexpr size_t kMaxElementBytes = 64;
+  // A writer publishes head (and a reader tail) at least this often within a message.
+  static constexpr size_t kPublishBytes = size_t{64} << 10;
+  // Bounce buffer of direct receives with Accumulate: fits in L2 next to the
+  // destination chunk it is reduced into.
+  static constexpr size_t kBounceBytes = size_t{256} << 10;
+  // While spinning, the socket is checked for a hang-up once this much time has passed
+  // (the clock is read every kClockCheckCalls progress() calls).
+  static constexpr std::chrono::milliseconds kHealthCheckInterval{50};
+  static constexpr unsigned kClockCheckCalls = 256;
+
+ private:
+  struct SendOp {
+    Envelope envelope;
+    const uint8_t* data;
+    size_t bytes;
+    size_t written;      // payload bytes in the ring
+    bool headerWritten;
+    bool direct;
+  };
+  struct RecvOp {
+    Envelope expected;
+    uint8_t* data;
+    size_t bytes;
+    Accumulate accumulate;
+  };
+
+  bool idle() const { return sends_.empty() && directInFlight_.empty() && recvs_.empty(); }
+  // Each returns whether anything moved; throws on errors.
+  bool progressSends();
+  bool progressRecvs();
+  // Writes up to the free space of sends_.front()'s payload. Returns whether it wrote.
+  bool writePayload(SendOp& op);
+  // Consumes what has arrived of recvs_.front()'s inline payload. Returns whether it did.
+  bool readInlinePayload(RecvOp& op);
+  // Reduces from `src` (n contiguous ring bytes, `atRingEnd` when they end at the wrap
+  // point) into op's destination; returns the bytes consumed (0: only part of an element
+  // has arrived).
+  size_t accumulateFromRing(RecvOp& op, const uint8_t* src, size_t n, bool atRingEnd);
+  // Pulls recvs_.front()'s kDirect payload from the peer's memory.
+  void pullDirect(RecvOp& op);
+  // Reads bytes at the peer's address into dst with process_vm_readv; throws NetworkError.
+  void readPeerMemory(uint8_t* dst, uint64_t address, size_t bytes, const RecvOp& op);
+  // Checks the header of the message that arrived for op; throws on a mismatch.
+  void checkHeader(const MessageHeader& header, const RecvOp& op) const;
+
+  // Reload the peer-owned counter, validating it; return the new value.
+  uint64_t reloadTail();
+  uint64_t reloadHead();
+  // Store our counter (release) and wake the peer if it sleeps on it.
+  void publishHead();
+  void publishTail();
+  void wakePeer();
+  // Non-blocking: consumes wake-up bytes; notes end of stream in peerClosed_.
+  void drainWakeBytes();
+  // Non-blocking poll() of the socket for a hang-up.
+  void checkPeerAlive();
+  // Waits (sleeping as a writer, see armWait) until our ring has room up to position
+  // `end` or the deadline passes or the peer goes away; returns whether it has room.
+  // Throws NetworkError when the peer corrupted the tail.
+  bool waitForSpace(uint64_t end, net::Deadline deadline);
+
+  [[noreturn]] void throwProtocolError(const std::string& what) const;
+  [[noreturn]] void throwPeerGone() const;
+  std::string pendingText() const;
+  void rethrowIfFailed() const;
+
+  net::Socket socket_;
+  Segment tx_;
+  Segment rx_;
+  RingControl* txControl_;
+  RingControl* rxControl_;
+  uint8_t* txRing_;
+  const uint8_t* rxRing_;
+  const size_t txRingBytes_;
+  const size_t rxRingBytes_;
+  const pid_t peerPid_;
+  const bool peerReadsDirect_;
+  const bool weReadDirect_;
+  const size_t directCopyThreshold_;
+
+  // Sender side.
+  std::deque<SendOp> sends_;             // not yet completely in the ring
+  std::deque<uint64_t> directInFlight_;  // header ends of kDirect sends the peer reads
+  uint64_t writePosition_ = 0;           // our head (bytes written)
+  uint64_t publishedHead_ = 0;           // last value stored in txControl_->head
+  uint64_t cachedTail_ = 0;              // last validated peer tail
+
+  // Receiver side.
+  std::deque<RecvOp> recvs_;
+  bool haveHeader_ = false;     // recvs_.front()'s header has arrived and matched
+  MessageHeader header_{};      // its validated copy
+  uint64_t headerEnd_ = 0;      // ring position after it
+  size_t delivered_ = 0;        // payload bytes of recvs_.front() consumed
+  uint64_t readPosition_ = 0;   // our tail (bytes consumed)
+  uint64_t publishedTail_ = 0;  // last value stored in rxControl_->tail
+  uint64_t cachedHead_ = 0;     // last validated peer head
+  uint8_t carry_[kMaxElementBytes] = {};
+  size_t carryBytes_ = 0;       // bytes of a wrap-split element gathered in carry_
+  std::unique_ptr<uint8_t[]> bounce_;
+
+  // Waiting and peer health.
+  bool armedRead_ = false;
+  bool armedWrite_ = false;
+  size_t owedWakeBytes_ = 0;  // wake-up bytes the peer sent or will send us
+  bool peerClosed_ = false;   // the socket reported end of stream or a hang-up
+  unsigned callsSinceClock_ = 0;
+  net::Clock::time_point lastHealthCheck_;
+
+  std::exception_ptr failure_;
+};
+
+}  // namespace ringtree::transport::shm

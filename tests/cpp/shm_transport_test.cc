@@ -1,0 +1,1114 @@
+// Shared-memory transport: pairs built directly with shm::Listener / connect / createPair
+// between two threads and between two processes (fork), exact contents over ring and
+// direct-copy sizes, Accumulate across ring wrap-around and bounce-buffer boundaries,
+// envelope and size mismatches, peers that close, die (SIGKILL) or break the protocol,
+// sleeping and waking, and a printed latency / bandwidth report.
+//
+// Every wait is bounded (kTimeout), children are killed by their Child handle and by an
+// alarm, so a regression fails a test instead of hanging the binary.
+
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <new>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <ringtree/error.h>
+
+#include "common/socket.h"
+#include "transport/shm/device.h"
+#include "transport/shm/pair.h"
+#include "transport/shm/protocol.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/unix_socket.h"
+
+namespace ringtree::transport::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Longest any single wait in a test may take.
+constexpr milliseconds kTimeout(10000);
+// How soon a pending operation must fail after its peer closed its pair / was killed.
+constexpr milliseconds kCloseNotice(1000);
+constexpr milliseconds kDeathNotice(2000);
+constexpr size_t kMiB = size_t{1} << 20;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+Envelope envelope(uint64_t sequence, uint32_t operation = 7) {
+  Envelope e;
+  e.sequence = sequence;
+  e.operation = operation;
+  e.dataType = 3;
+  e.count = 1000 + sequence;
+  return e;
+}
+
+// Deterministic bytes for message `index` sent by `side`.
+std::vector<uint8_t> pattern(size_t bytes, int side, size_t index) {
+  std::vector<uint8_t> data(bytes);
+  uint64_t x = 0x9e3779b97f4a7c15ULL * (index + 1) + static_cast<uint64_t>(side) * 0x632be59bd9b4e019ULL;
+  for (size_t i = 0; i < bytes; i += 8) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const uint64_t word = x ^ (x >> 29);
+    std::memcpy(data.data() + i, &word, std::min<size_t>(8, bytes - i));
+  }
+  return data;
+}
+
+// dst[i] += src[i] for T elements at any alignment, in blocks the compiler vectorises.
+template <typename T>
+void sumElements(void* inout, const void* in, size_t count) {
+  auto* dst = static_cast<unsigned char*>(inout);
+  const auto* src = static_cast<const unsigned char*>(in);
+  constexpr size_t kBlock = 64 / sizeof(T);
+  size_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    T a[kBlock];
+    T b[kBlock];
+    std::memcpy(a, dst + i * sizeof(T), sizeof(a));
+    std::memcpy(b, src + i * sizeof(T), sizeof(b));
+    for (size_t k = 0; k < kBlock; ++k) a[k] += b[k];
+    std::memcpy(dst + i * sizeof(T), a, sizeof(a));
+  }
+  for (; i < count; ++i) {
+    T a;
+    T b;
+    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+    a += b;
+    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
+// A 12-byte element (three int32 summed lane by lane): its size divides neither the
+// cache line nor the ring, so elements straddle the ring's wrap-around.
+struct Triple {
+  int32_t lane[3];
+};
+static_assert(sizeof(Triple) == 12, "Triple is 12 bytes");
+
+void sumTriples(void* inout, const void* in, size_t count) { sumElements<int32_t>(inout, in, count * 3); }
+
+// Runs progress() until the pair is idle: spins spinCalls times, then sleeps in poll()
+// the way the communicator does (arm, progress once more, poll, disarm) and spins again
+// after each wake-up. A lost wake-up therefore shows up as a timeout, never as a slow
+// pass. Throws std::runtime_error after `timeout`.
+void waitIdle(Pair& pair, milliseconds timeout = kTimeout, int spinCalls = 1000) {
+  const auto deadline = Clock::now() + timeout;
+  for (int calls = 0;; ++calls) {
+    if (pair.progress()) return;
+    if ((calls & 1023) == 0 && Clock::now() >= deadline) throw std::runtime_error("waitIdle timed out");
+    if (calls < spinCalls) continue;
+    calls = 0;
+    pollfd pfd{};
+    pair.armWait(&pfd);
+    if (pair.progress()) {
+      pair.disarmWait();
+      return;
+    }
+    const int rc = ::poll(&pfd, 1, net::pollTimeoutMs(deadline));
+    pair.disarmWait();
+    if (rc == 0) throw std::runtime_error("waitIdle timed out sleeping (lost wake-up?)");
+  }
+}
+
+// Pure spinning, for latency and bandwidth.
+void spinIdle(Pair& pair) {
+  const auto deadline = Clock::now() + kTimeout;
+  for (unsigned calls = 1; !pair.progress(); ++calls) {
+    if ((calls & 0xffff) == 0 && Clock::now() >= deadline) throw std::runtime_error("spinIdle timed out");
+  }
+}
+
+PairOptions ringOnly(size_t ringBytes = kMiB) {
+  PairOptions options;
+  options.ringBytes = ringBytes;
+  options.directCopyThreshold = std::numeric_limits<size_t>::max();
+  return options;
+}
+
+// The threshold that sizes are chosen around (the default when direct copy is off).
+size_t nominalThreshold(const PairOptions& options) {
+  return options.directCopyThreshold == std::numeric_limits<size_t>::max() ? PairOptions{}.directCopyThreshold
+                                                                          : options.directCopyThreshold;
+}
+
+std::vector<size_t> messageSizes(const PairOptions& options) {
+  const size_t threshold = nominalThreshold(options);
+  return {0, 1, 7, 4095, options.ringBytes - 1, options.ringBytes + 1, threshold - 1, threshold, 16 * kMiB + 5};
+}
+
+struct TwoPairs {
+  std::unique_ptr<Pair> rank0;  // the connecting side
+  std::unique_ptr<Pair> rank1;  // the accepting side
+};
+
+// Two pairs between threads of this process: rank 0 connects, rank 1 accepts.
+TwoPairs connectThreads(const PairOptions& options0 = {}, const PairOptions& options1 = {}) {
+  Listener listener;
+  const auto deadline = net::deadlineAfter(kTimeout);
+  auto accepted = std::async(std::launch::async, [&] {
+    return createPair(listener.accept(deadline), false, 1, 0, "rank 0 (test thread)", options1, deadline);
+  });
+  std::string error;
+  net::Socket socket = connect(listener.name(), deadline, &error);
+  if (!socket.valid()) throw std::runtime_error("connect: " + error);
+  TwoPairs pairs;
+  pairs.rank0 = createPair(std::move(socket), true, 0, 1, "rank 1 (test thread)", options0, deadline);
+  pairs.rank1 = accepted.get();
+  return pairs;
+}
+
+// A forked child process, SIGKILLed and reaped on destruction unless already reaped.
+class Child {
+ public:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  Child(Child&& other) noexcept : pid_(std::exchange(other.pid_, -1)) {}
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void kill() const { ::kill(pid_, SIGKILL); }
+  // The exit code, 128 + signal when killed, or -1 (after killing it) on timeout.
+  int wait(milliseconds timeout = kTimeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      int status = 0;
+      const pid_t rc = ::waitpid(pid_, &status, WNOHANG);
+      if (rc == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (Clock::now() >= deadline) {
+        kill();
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        return -1;
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
+
+ private:
+  pid_t pid_;
+};
+
+using Role = std::function<bool(Pair& pair, int side)>;
+
+// Forks a child that connects to listener as rank 1 and exits with 0 when role returns
+// true (1 when false, 2 on an exception). Fork-safe: the role must not use gtest.
+Child forkPeer(const Listener& listener, const PairOptions& options, const Role& role) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid > 0) return Child(pid);
+  ::alarm(30);
+  int code = 0;
+  try {
+    const auto deadline = net::deadlineAfter(kTimeout);
+    std::string error;
+    net::Socket socket = connect(listener.name(), deadline, &error);
+    if (!socket.valid()) throw std::runtime_error("connect: " + error);
+    auto pair = createPair(std::move(socket), true, 1, 0, "rank 0 (parent process)", options, deadline);
+    code = role(*pair, 1) ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child: %s\n", e.what());
+    code = 2;
+  }
+  ::_exit(code);
+}
+
+std::unique_ptr<Pair> acceptChild(Listener& listener, const Child& child, const PairOptions& options) {
+  const auto deadline = net::deadlineAfter(kTimeout);
+  return createPair(listener.accept(deadline), false, 0, 1, "rank 1 (child pid " + std::to_string(child.pid()) + ")",
+                    options, deadline);
+}
+
+enum class Harness { kThreads, kProcesses };
+
+// Runs role on both sides of a pair (side 0 here, side 1 on a thread or in a child).
+void runBothSides(Harness harness, const PairOptions& options, const Role& role) {
+  if (harness == Harness::kThreads) {
+    TwoPairs pairs = connectThreads(options, options);
+    auto other = std::async(std::launch::async, [&] { return role(*pairs.rank1, 1); });
+    const bool here = role(*pairs.rank0, 0);
+    EXPECT_TRUE(other.get()) << "side 1 failed";
+    EXPECT_TRUE(here) << "side 0 failed";
+    return;
+  }
+  Listener listener;
+  Child child = forkPeer(listener, options, role);
+  bool here = false;
+  {
+    auto pair = acceptChild(listener, child, options);
+    here = role(*pair, 0);
+  }
+  EXPECT_EQ(child.wait(), 0) << "side 1 (child) failed";
+  EXPECT_TRUE(here) << "side 0 failed";
+}
+
+bool sameBytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const char* what, size_t index) {
+  if (got == want) return true;
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  std::fprintf(stderr, "%s message %zu (%zu bytes): first difference at byte %zu\n", what, index, want.size(), i);
+  return false;
+}
+
+// Every size both ways at once, all sends and receives posted before any progress
+// (a FIFO of mixed ring and direct messages in each direction).
+bool exchangeQueued(Pair& pair, int side, const std::vector<size_t>& sizes) {
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<std::vector<uint8_t>> in;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(pattern(sizes[i], side, i));
+    in.emplace_back(sizes[i], 0xEE);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    pair.postSend(envelope(i), out[i].data(), sizes[i]);
+    pair.postRecv(envelope(i), in[i].data(), sizes[i]);
+  }
+  waitIdle(pair);
+  bool ok = true;
+  for (size_t i = 0; i < sizes.size(); ++i) ok = sameBytes(in[i], pattern(sizes[i], 1 - side, i), "queued", i) && ok;
+  return ok;
+}
+
+// One size at a time, both directions at once.
+bool exchangeOneByOne(Pair& pair, int side, const std::vector<size_t>& sizes) {
+  bool ok = true;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<uint8_t> out = pattern(sizes[i], side, i);
+    std::vector<uint8_t> in(sizes[i], 0xEE);
+    pair.postSend(envelope(i), out.data(), sizes[i]);
+    pair.postRecv(envelope(i), in.data(), sizes[i]);
+    waitIdle(pair);
+    ok = sameBytes(in, pattern(sizes[i], 1 - side, i), "one-by-one", i) && ok;
+  }
+  return ok;
+}
+
+// Element counts whose byte sizes are multiples of neither the ring nor the bounce
+// buffer, on both sides of the direct-copy threshold.
+std::vector<size_t> accumulateCounts(const PairOptions& options, size_t elementSize) {
+  const size_t threshold = nominalThreshold(options);
+  return {1,
+          1000,
+          options.ringBytes / elementSize + 3,
+          threshold / elementSize - 1,
+          threshold / elementSize + 1,
+          3 * ShmPair::kBounceBytes / elementSize + 7,
+          4 * kMiB / elementSize + 5};
+}
+
+template <typename T>
+T valueOf(size_t i, int salt) {
+  return static_cast<T>(static_cast<int64_t>((i * 7 + static_cast<size_t>(salt) * 13) % 1001) - 500);
+}
+
+// Every count both ways at once: dst starts at valueOf(i, 100 + message), the peer sends
+// valueOf(i, side * 10 + message); the sum is exact (small integers).
+template <typename T, size_t kLanes = 1>
+bool accumulateQueued(Pair& pair, int side, const std::vector<size_t>& counts, ReduceFn fn) {
+  std::vector<std::vector<T>> out;
+  std::vector<std::vector<T>> in;
+  for (size_t m = 0; m < counts.size(); ++m) {
+    const size_t values = counts[m] * kLanes;
+    out.emplace_back(values);
+    in.emplace_back(values);
+    for (size_t i = 0; i < values; ++i) {
+      out[m][i] = valueOf<T>(i, side * 10 + static_cast<int>(m));
+      in[m][i] = valueOf<T>(i, 100 + static_cast<int>(m));
+    }
+  }
+  for (size_t m = 0; m < counts.size(); ++m) {
+    const size_t bytes = counts[m] * kLanes * sizeof(T);
+    pair.postSend(envelope(m), out[m].data(), bytes);
+    pair.postRecv(envelope(m), in[m].data(), bytes, Accumulate{fn, kLanes * sizeof(T)});
+  }
+  waitIdle(pair);
+  for (size_t m = 0; m < counts.size(); ++m) {
+    for (size_t i = 0; i < in[m].size(); ++i) {
+      const T want = valueOf<T>(i, 100 + static_cast<int>(m)) + valueOf<T>(i, (1 - side) * 10 + static_cast<int>(m));
+      if (in[m][i] != want) {
+        std::fprintf(stderr, "accumulate message %zu (%zu elements): wrong value at %zu\n", m, counts[m], i);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// Listener and connect
+
+TEST(ShmListenerTest, ConnectToUnusedNameGivesInvalidSocketAndError) {
+  std::string name;
+  {
+    Listener listener;
+    name = listener.name();
+    EXPECT_EQ(name.rfind("ringtree-shm-", 0), 0u) << name;
+  }
+  std::string error;
+  net::Socket socket = connect(name, net::deadlineAfter(milliseconds(500)), &error);
+  EXPECT_FALSE(socket.valid());
+  EXPECT_NE(error.find(name), std::string::npos) << error;
+  EXPECT_NE(error.find("refused"), std::string::npos) << error;
+
+  error.clear();
+  EXPECT_FALSE(connect("", net::deadlineAfter(milliseconds(500)), &error).valid());
+  EXPECT_FALSE(error.empty());
+}
+
+TEST(ShmListenerTest, ListenersGetDistinctNamesAndAcceptTimesOut) {
+  Listener a;
+  Listener b;
+  EXPECT_NE(a.name(), b.name());
+  const auto start = Clock::now();
+  EXPECT_THROW(a.accept(net::deadlineAfter(milliseconds(50))), TimeoutError);
+  EXPECT_GE(secondsSince(start), 0.045);
+}
+
+TEST(ShmListenerTest, HandshakeRejectsWrongRanks) {
+  Listener listener;
+  const auto deadline = net::deadlineAfter(kTimeout);
+  auto accepted = std::async(std::launch::async, [&] {
+    return createPair(listener.accept(deadline), false, 1, 0, "rank 0", PairOptions{}, deadline);
+  });
+  std::string error;
+  net::Socket socket = connect(listener.name(), deadline, &error);
+  ASSERT_TRUE(socket.valid()) << error;
+  try {
+    createPair(std::move(socket), true, 0, 5, "rank 5 (test)", PairOptions{}, deadline);
+    ADD_FAILURE() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 5 (test)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(accepted.get(), NetworkError);
+}
+
+TEST(ShmSegmentTest, MapRefusesUnsealedOrWrongSizedDescriptors) {
+  net::Socket unsealed(::memfd_create("unsealed", MFD_CLOEXEC));
+  ASSERT_TRUE(unsealed.valid());
+  ASSERT_EQ(::ftruncate(unsealed.fd(), 8192), 0);
+  try {
+    Segment::map(std::move(unsealed), 8192);
+    ADD_FAILURE() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find("sealed"), std::string::npos) << e.what();
+  }
+  Segment sealed = Segment::create("sealed", 8192);
+  net::Socket copy(::fcntl(sealed.descriptor(), F_DUPFD_CLOEXEC, 0));
+  EXPECT_THROW(Segment::map(std::move(copy), 4096), NetworkError);
+  EXPECT_NE(::ftruncate(sealed.descriptor(), 0), 0) << "a created segment must refuse to shrink";
+}
+
+// ---------------------------------------------------------------------------------------
+// Transfers, over threads and processes, with direct copy on, off, and a small ring
+
+struct Config {
+  const char* name;
+  PairOptions options;
+};
+
+Config configs[] = {
+    {"Default", PairOptions{}},
+    {"RingOnly", ringOnly()},
+    {"SmallRing", [] {
+       PairOptions o;
+       o.ringBytes = 4160;  // 65 cache lines: wraps at a position no power of two divides
+       o.directCopyThreshold = 64 << 10;
+       return o;
+     }()},
+};
+
+class ShmTransferTest : public ::testing::TestWithParam<std::tuple<Harness, int>> {
+ protected:
+  Harness harness() const { return std::get<0>(GetParam()); }
+  const PairOptions& options() const { return configs[std::get<1>(GetParam())].options; }
+};
+
+TEST_P(ShmTransferTest, AllSizesQueuedBothWays) {
+  const std::vector<size_t> sizes = messageSizes(options());
+  runBothSides(harness(), options(), [&](Pair& pair, int side) { return exchangeQueued(pair, side, sizes); });
+}
+
+TEST_P(ShmTransferTest, AllSizesOneByOneBothWays) {
+  const std::vector<size_t> sizes = messageSizes(options());
+  runBothSides(harness(), options(), [&](Pair& pair, int side) { return exchangeOneByOne(pair, side, sizes); });
+}
+
+TEST_P(ShmTransferTest, AccumulateInt32) {
+  const auto counts = accumulateCounts(options(), sizeof(int32_t));
+  runBothSides(harness(), options(), [&](Pair& pair, int side) {
+    return accumulateQueued<int32_t>(pair, side, counts, sumElements<int32_t>);
+  });
+}
+
+TEST_P(ShmTransferTest, AccumulateFloat64) {
+  const auto counts = accumulateCounts(options(), sizeof(double));
+  runBothSides(harness(), options(), [&](Pair& pair, int side) {
+    return accumulateQueued<double>(pair, side, counts, sumElements<double>);
+  });
+}
+
+TEST_P(ShmTransferTest, AccumulateTwelveByteElementsAcrossWrapAround) {
+  const auto counts = accumulateCounts(options(), sizeof(Triple));
+  runBothSides(harness(), options(), [&](Pair& pair, int side) {
+    return accumulateQueued<int32_t, 3>(pair, side, counts, sumTriples);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, ShmTransferTest,
+                         ::testing::Combine(::testing::Values(Harness::kThreads, Harness::kProcesses),
+                                            ::testing::Values(0, 1, 2)),
+                         [](const ::testing::TestParamInfo<ShmTransferTest::ParamType>& info) {
+                           return std::string(std::get<0>(info.param) == Harness::kThreads ? "Threads" : "Processes") +
+                                  configs[std::get<1>(info.param)].name;
+                         });
+
+TEST(ShmPairTest, MixedOptionsOnTheTwoSides) {
+  // Each side decides for its own sends: rank 0 copies directly, rank 1 only uses its ring.
+  TwoPairs pairs = connectThreads(PairOptions{}, ringOnly(64 << 10));
+  const std::vector<size_t> sizes = {0, 100, (256 << 10) + 1, 3 * kMiB + 3};
+  auto other = std::async(std::launch::async, [&] { return exchangeQueued(*pairs.rank1, 1, sizes); });
+  EXPECT_TRUE(exchangeQueued(*pairs.rank0, 0, sizes));
+  EXPECT_TRUE(other.get());
+}
+
+TEST(ShmPairTest, InvalidArgumentsAreRejected) {
+  TwoPairs pairs = connectThreads();
+  char buffer[16] = {};
+  EXPECT_THROW(pairs.rank0->postSend(envelope(0), nullptr, 4), InvalidArgument);
+  EXPECT_THROW(pairs.rank0->postRecv(envelope(0), nullptr, 4), InvalidArgument);
+  EXPECT_THROW(pairs.rank0->postRecv(envelope(0), buffer, 10, Accumulate{sumElements<int32_t>, 4}), InvalidArgument);
+  EXPECT_THROW(pairs.rank0->postRecv(envelope(0), buffer, 16, Accumulate{sumElements<int32_t>, 0}), InvalidArgument);
+  PairOptions tiny;
+  tiny.ringBytes = 64;
+  EXPECT_THROW(connectThreads(tiny, tiny), InvalidArgument);
+  EXPECT_STREQ(pairs.rank0->kind(), "shm");
+  EXPECT_EQ(pairs.rank0->peerRank(), 1);
+  EXPECT_EQ(pairs.rank1->peerDescription(), "rank 0 (test thread)");
+}
+
+// ---------------------------------------------------------------------------------------
+// Mismatches
+
+void expectMismatch(size_t sentBytes, size_t postedBytes, uint64_t sentSequence, uint64_t postedSequence) {
+  TwoPairs pairs = connectThreads();
+  const std::vector<uint8_t> out = pattern(sentBytes, 0, 0);
+  std::vector<uint8_t> in(postedBytes);
+  pairs.rank0->postSend(envelope(sentSequence), out.data(), sentBytes);
+  pairs.rank1->postRecv(envelope(postedSequence), in.data(), postedBytes);
+  auto sender = std::async(std::launch::async, [&] {
+    // A ring send finishes by itself; a direct one waits for a reader that gave up.
+    try {
+      waitIdle(*pairs.rank0, milliseconds(300));
+    } catch (const std::exception&) {
+    }
+  });
+  try {
+    waitIdle(*pairs.rank1);
+    ADD_FAILURE() << "expected EnvelopeMismatch";
+  } catch (const EnvelopeMismatch& e) {
+    EXPECT_EQ(e.peerRank, 0);
+    EXPECT_EQ(e.expected.sequence, postedSequence);
+    EXPECT_EQ(e.actual.sequence, sentSequence);
+    EXPECT_EQ(e.expectedBytes, postedBytes);
+    EXPECT_EQ(e.actualBytes, sentBytes);
+    EXPECT_NE(std::string(e.what()).find("rank 0 (test thread)"), std::string::npos) << e.what();
+  }
+  // The error sticks: the byte stream is unusable.
+  EXPECT_THROW(pairs.rank1->progress(), EnvelopeMismatch);
+  EXPECT_THROW(pairs.rank1->postRecv(envelope(9), in.data(), 1), EnvelopeMismatch);
+  sender.get();
+}
+
+TEST(ShmMismatchTest, EnvelopeMismatchNamesPeerAndBothCalls) { expectMismatch(100, 100, 5, 6); }
+TEST(ShmMismatchTest, SizeMismatchRing) { expectMismatch(100, 99, 5, 5); }
+TEST(ShmMismatchTest, SizeMismatchDirect) { expectMismatch(kMiB + 1, kMiB, 5, 5); }
+TEST(ShmMismatchTest, EnvelopeMismatchDirect) { expectMismatch(kMiB, kMiB, 5, 8); }
+
+// ---------------------------------------------------------------------------------------
+// Peers that close or die
+
+// Waits (spinning, or sleeping like the communicator) for the NetworkError that must
+// follow the peer's departure at `gone`, naming the peer, within `notice`.
+void expectPeerGone(Pair& pair, bool spinOnly, const std::string& peerName, milliseconds notice,
+                    const std::function<Clock::time_point()>& gone) {
+  try {
+    if (spinOnly) {
+      spinIdle(pair);
+    } else {
+      waitIdle(pair, kTimeout, 10);
+    }
+    ADD_FAILURE() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    const auto failed = Clock::now();
+    EXPECT_NE(std::string(e.what()).find(peerName), std::string::npos) << e.what();
+    const auto goneAt = gone();
+    EXPECT_GE(failed, goneAt) << "failed before the peer left: " << e.what();
+    EXPECT_LT(failed - goneAt, notice) << e.what();
+  }
+}
+
+class ShmClosedPeerTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ShmClosedPeerTest, PendingReceiveFailsWhenPeerPairIsDestroyed) {
+  TwoPairs pairs = connectThreads();
+  std::vector<uint8_t> in(100);
+  pairs.rank1->postRecv(envelope(0), in.data(), in.size());
+  Clock::time_point gone;
+  auto closer = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    gone = Clock::now();
+    pairs.rank0.reset();
+  });
+  expectPeerGone(*pairs.rank1, GetParam(), "rank 0 (test thread)", kCloseNotice, [&] {
+    closer.wait();  // publishes `gone`
+    return gone;
+  });
+}
+
+TEST_P(ShmClosedPeerTest, PendingSendFailsWhenPeerPairIsDestroyed) {
+  for (const PairOptions& options : {ringOnly(64 << 10), PairOptions{}}) {
+    TwoPairs pairs = connectThreads(options, options);
+    const std::vector<uint8_t> out = pattern(4 * kMiB, 0, 0);
+    pairs.rank0->postSend(envelope(0), out.data(), out.size());
+    EXPECT_FALSE(pairs.rank0->progress());
+    const auto gone = Clock::now();
+    pairs.rank1.reset();
+    expectPeerGone(*pairs.rank0, GetParam(), "rank 1 (test thread)", kCloseNotice, [&] { return gone; });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, ShmClosedPeerTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Spinning" : "Sleeping");
+                         });
+
+TEST(ShmPairTest, DataPublishedBeforeCloseIsStillDelivered) {
+  TwoPairs pairs = connectThreads();
+  const std::vector<size_t> sizes = {0, 10, 100000};
+  std::vector<std::vector<uint8_t>> in;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<uint8_t> out = pattern(sizes[i], 0, i);
+    pairs.rank0->postSend(envelope(i), out.data(), out.size());
+    waitIdle(*pairs.rank0);  // ring sends finish once written
+  }
+  pairs.rank0.reset();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    in.emplace_back(sizes[i]);
+    pairs.rank1->postRecv(envelope(i), in[i].data(), sizes[i]);
+  }
+  waitIdle(*pairs.rank1);
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(in[i], pattern(sizes[i], 0, i)) << i;
+  std::vector<uint8_t> more(5);
+  pairs.rank1->postRecv(envelope(9), more.data(), more.size());
+  EXPECT_THROW(waitIdle(*pairs.rank1), NetworkError);
+}
+
+std::set<std::string> devShmEntries() {
+  std::set<std::string> names;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      // POSIX semaphores of unrelated processes come and go; ringtree creates none.
+      if (name != "." && name != ".." && name.rfind("sem.", 0) != 0) names.insert(name);
+    }
+    ::closedir(dir);
+  }
+  return names;
+}
+
+// Descriptors and mappings of ringtree segments held by this process.
+int segmentsHeldHere() {
+  int held = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (dirent* entry = ::readdir(dir)) {
+      char target[256] = {};
+      const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+      if (::readlink(path.c_str(), target, sizeof(target) - 1) > 0 && std::strstr(target, "ringtree-shm")) ++held;
+    }
+    ::closedir(dir);
+  }
+  if (FILE* maps = std::fopen("/proc/self/maps", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), maps)) {
+      if (std::strstr(line, "ringtree-shm")) ++held;
+    }
+    std::fclose(maps);
+  }
+  return held;
+}
+
+class ShmKilledPeerTest : public ::testing::TestWithParam<bool> {};
+
+// The child sends a 16 MiB message (streamed slowly through a small ring, or as one
+// direct copy whose descriptor is in the ring) and is SIGKILLed mid-transfer; the parent
+// must fail within ~1-2 s, and nothing may be left behind in /dev/shm or in this process
+// once the pair is gone.
+TEST_P(ShmKilledPeerTest, ReceiverFailsQuicklyAndNothingIsLeftBehind) {
+  const bool direct = GetParam();
+  const PairOptions options = direct ? PairOptions{} : ringOnly(64 << 10);
+  const std::set<std::string> before = devShmEntries();
+  const size_t bytes = 16 * kMiB;
+  int started[2];
+  ASSERT_EQ(::pipe2(started, O_CLOEXEC), 0);
+  net::Socket startedRead(started[0]);
+  net::Socket startedWrite(started[1]);
+  {
+    Listener listener;
+    Child child = forkPeer(listener, options, [&](Pair& pair, int) {
+      const std::vector<uint8_t> out(bytes, 0x5A);
+      pair.postSend(envelope(0), out.data(), out.size());
+      pair.progress();  // the header (and the first ring bytes) are published
+      const char byte = 1;
+      if (::write(startedWrite.fd(), &byte, 1) != 1) return false;
+      for (;;) {  // feed slowly until killed
+        pair.progress();
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+    });
+    startedWrite.reset();
+    auto pair = acceptChild(listener, child, options);
+    pollfd pfd{startedRead.fd(), POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, static_cast<int>(kTimeout.count())), 1);
+    std::vector<uint8_t> in(bytes);
+    pair->postRecv(envelope(0), in.data(), in.size());
+    if (!direct) {
+      const auto deadline = Clock::now() + kTimeout;
+      while (in[0] != 0x5A && Clock::now() < deadline) EXPECT_FALSE(pair->progress());
+      ASSERT_EQ(in[0], 0x5A) << "part of the message should have arrived";
+    }
+    child.kill();
+    const auto gone = Clock::now();
+    EXPECT_EQ(child.wait(), 128 + SIGKILL);
+    expectPeerGone(*pair, false, "rank 1 (child pid", kDeathNotice, [&] { return gone; });
+  }
+  EXPECT_EQ(devShmEntries(), before);
+  EXPECT_EQ(segmentsHeldHere(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, ShmKilledPeerTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "DirectCopy" : "Ring");
+                         });
+
+// ---------------------------------------------------------------------------------------
+// Sleeping and waking
+
+// Arms, checks progress once more, then poll()s with a long timeout; returns how long the
+// poll took (a lost wake-up makes it the whole timeout).
+double sleepOnce(Pair& pair) {
+  pollfd pfd{};
+  pair.armWait(&pfd);
+  if (pair.progress()) {
+    pair.disarmWait();
+    return 0;
+  }
+  const auto start = Clock::now();
+  const int rc = ::poll(&pfd, 1, 5000);
+  const double slept = secondsSince(start);
+  pair.disarmWait();
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(pfd.revents & POLLIN, 0);
+  return slept;
+}
+
+TEST(ShmWakeTest, SleepingReceiverIsWokenByDelayedSender) {
+  for (size_t bytes : {size_t{8}, 2 * kMiB}) {  // ring, then direct copy
+    TwoPairs pairs = connectThreads();
+    const std::vector<uint8_t> out = pattern(bytes, 0, 1);
+    std::vector<uint8_t> in(bytes);
+    pairs.rank1->postRecv(envelope(1), in.data(), bytes);
+    auto sender = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(milliseconds(200));
+      pairs.rank0->postSend(envelope(1), out.data(), bytes);
+      waitIdle(*pairs.rank0);
+    });
+    const double slept = sleepOnce(*pairs.rank1);
+    EXPECT_GT(slept, 0.1);
+    EXPECT_LT(slept, 1.0);
+    waitIdle(*pairs.rank1, milliseconds(1000));
+    sender.get();
+    EXPECT_EQ(in, out);
+  }
+}
+
+TEST(ShmWakeTest, SleepingSenderIsWokenByReceiver) {
+  // A full ring (space) and a direct send (completion).
+  for (const PairOptions& options : {ringOnly(4096), PairOptions{}}) {
+    TwoPairs pairs = connectThreads(options, options);
+    const std::vector<uint8_t> out = pattern(kMiB, 0, 2);
+    std::vector<uint8_t> in(kMiB);
+    pairs.rank0->postSend(envelope(2), out.data(), out.size());
+    EXPECT_FALSE(pairs.rank0->progress());
+    auto receiver = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(milliseconds(200));
+      pairs.rank1->postRecv(envelope(2), in.data(), in.size());
+      waitIdle(*pairs.rank1);
+    });
+    const double slept = sleepOnce(*pairs.rank0);
+    EXPECT_GT(slept, 0.1);
+    EXPECT_LT(slept, 1.0);
+    waitIdle(*pairs.rank0, milliseconds(2000), 0);  // sleep between every refill
+    receiver.get();
+    EXPECT_EQ(in, out);
+  }
+}
+
+// Four threads on two cores pass a token round a ring of pairs, each sleeping after a
+// few spins: a single lost wake-up stalls the ring until the timeout.
+TEST(ShmWakeTest, OversubscribedTokenRingNeverLosesAWakeUp) {
+  constexpr int kRanks = 4;
+  constexpr int kRounds = 300;
+  std::vector<TwoPairs> links;  // links[r]: rank r (rank0 side) to rank r+1 (rank1 side)
+  for (int r = 0; r < kRanks; ++r) links.push_back(connectThreads(ringOnly(4096), ringOnly(4096)));
+  const auto start = Clock::now();
+  std::vector<std::future<bool>> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      Pair& right = *links[r].rank0;
+      Pair& left = *links[(r + kRanks - 1) % kRanks].rank1;
+      uint64_t token = 0;
+      for (int round = 0; round < kRounds; ++round) {
+        if (r != 0 || round > 0) {
+          left.postRecv(envelope(round), &token, sizeof(token));
+          waitIdle(left, kTimeout, 50);
+        }
+        ++token;
+        right.postSend(envelope(round + (r == kRanks - 1 ? 1 : 0)), &token, sizeof(token));
+        waitIdle(right, kTimeout, 50);
+      }
+      if (r == 0) {
+        left.postRecv(envelope(kRounds), &token, sizeof(token));
+        waitIdle(left, kTimeout, 50);
+        return token == static_cast<uint64_t>(kRanks * kRounds);
+      }
+      return true;
+    }));
+  }
+  for (auto& rank : ranks) EXPECT_TRUE(rank.get());
+  std::printf("[ shm ] token ring, %d ranks on %u cpus, sleeping after 50 spins: %.1f us per hop\n", kRanks,
+              std::thread::hardware_concurrency(), secondsSince(start) * 1e6 / (kRanks * kRounds));
+}
+
+// ---------------------------------------------------------------------------------------
+// A peer that breaks the protocol (garbage in shared memory) must get NetworkError or
+// EnvelopeMismatch, never crash us.
+
+struct FakePeer {
+  std::unique_ptr<Pair> real;  // rank 0, built by createPair
+  net::Socket socket;          // the fake rank 1's end
+  Segment tx;                  // the fake's ring (the real pair reads it)
+  Segment rx;                  // the real pair's ring
+  RingControl* txControl() const { return reinterpret_cast<RingControl*>(tx.data()); }
+  RingControl* rxControl() const { return reinterpret_cast<RingControl*>(rx.data()); }
+  uint8_t* txRing() const { return tx.data() + kRingOffset; }
+  uint8_t* rxRing() const { return rx.data() + kRingOffset; }
+};
+
+constexpr size_t kFakeRingBytes = 4096;
+
+// Runs the handshake by hand as rank 1; `readsDirect` is the fake's probe answer.
+FakePeer connectFake(bool readsDirect) {
+  Listener listener;
+  const auto deadline = net::deadlineAfter(kTimeout);
+  auto real = std::async(std::launch::async, [&] {
+    return createPair(listener.accept(deadline), false, 0, 1, "rank 1 (fake peer)", PairOptions{}, deadline);
+  });
+  FakePeer fake;
+  std::string error;
+  fake.socket = connect(listener.name(), deadline, &error);
+  if (!fake.socket.valid()) throw std::runtime_error(error);
+  const int one = 1;
+  ::setsockopt(fake.socket.fd(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+  fake.tx = Segment::create("fake", kRingOffset + kFakeRingBytes);
+  RingControl* control = new (fake.tx.data()) RingControl;
+  control->magic = kMagic;
+  control->version = kProtocolVersion;
+  control->ringBytes = kFakeRingBytes;
+  volatile uint64_t probeWord = 0x1234567;
+  Hello hello{};
+  hello.magic = kMagic;
+  hello.version = kProtocolVersion;
+  hello.rank = 1;
+  hello.peerRank = 0;
+  hello.ringBytes = kFakeRingBytes;
+  hello.probeAddress = reinterpret_cast<uintptr_t>(&probeWord);
+  hello.probeValue = probeWord;
+  if (!sendWithDescriptor(fake.socket.fd(), &hello, sizeof(hello), fake.tx.descriptor(), deadline).ok()) {
+    throw std::runtime_error("fake: send hello");
+  }
+  Hello theirs{};
+  Ancillary ancillary;
+  if (!recvWithDescriptor(fake.socket.fd(), &theirs, sizeof(theirs), deadline, &ancillary).ok()) {
+    throw std::runtime_error("fake: receive hello");
+  }
+  fake.rx = Segment::map(std::move(ancillary.descriptor), kRingOffset + theirs.ringBytes);
+  const uint8_t answer = readsDirect ? 1 : 0;
+  uint8_t theirAnswer = 0;
+  if (!net::sendAll(fake.socket.fd(), &answer, 1, deadline).ok() ||
+      !net::recvAll(fake.socket.fd(), &theirAnswer, 1, deadline).ok()) {
+    throw std::runtime_error("fake: probe answers");
+  }
+  fake.real = real.get();
+  return fake;
+}
+
+void publishHeader(FakePeer& fake, const MessageHeader& header) {
+  std::memcpy(fake.txRing(), &header, sizeof(header));
+  fake.txControl()->head.store(sizeof(header), std::memory_order_release);
+}
+
+MessageHeader validHeader(size_t bytes, MessageKind kind) {
+  MessageHeader header{};
+  header.envelope = envelope(0);
+  header.bytes = bytes;
+  header.kind = static_cast<uint32_t>(kind);
+  header.marker = kHeaderMarker;
+  return header;
+}
+
+template <typename Error>
+void expectReceiveFails(FakePeer& fake, const char* expectedText) {
+  std::vector<uint8_t> in(100);
+  fake.real->postRecv(envelope(0), in.data(), in.size());
+  try {
+    waitIdle(*fake.real, milliseconds(2000));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expectedText), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 (fake peer)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShmHostilePeerTest, HeadBeyondTheRing) {
+  FakePeer fake = connectFake(false);
+  fake.txControl()->head.store(3 * kFakeRingBytes, std::memory_order_release);
+  expectReceiveFails<NetworkError>(fake, "head of its ring");
+}
+
+TEST(ShmHostilePeerTest, GarbageHeader) {
+  FakePeer fake = connectFake(false);
+  std::memset(fake.txRing(), 0xAB, kFakeRingBytes);
+  fake.txControl()->head.store(kFakeRingBytes, std::memory_order_release);
+  expectReceiveFails<NetworkError>(fake, "corrupt message header");
+}
+
+TEST(ShmHostilePeerTest, HugeSizeIsAMismatch) {
+  FakePeer fake = connectFake(false);
+  publishHeader(fake, validHeader(uint64_t{1} << 62, MessageKind::kInline));
+  expectReceiveFails<EnvelopeMismatch>(fake, "4611686018427387904 bytes");
+}
+
+TEST(ShmHostilePeerTest, DirectCopyFromAnUnmappedAddress) {
+  FakePeer fake = connectFake(false);
+  MessageHeader header = validHeader(100, MessageKind::kDirect);
+  header.address = 0x10;
+  publishHeader(fake, header);
+  expectReceiveFails<NetworkError>(fake, "cannot read its send buffer");
+}
+
+TEST(ShmHostilePeerTest, TailMovedBeyondHead) {
+  FakePeer fake = connectFake(true);
+  const std::vector<uint8_t> out(kMiB, 1);
+  fake.real->postSend(envelope(0), out.data(), out.size());  // direct: waits for the tail
+  EXPECT_FALSE(fake.real->progress());
+  fake.rxControl()->tail.store(uint64_t{1} << 40, std::memory_order_release);
+  try {
+    waitIdle(*fake.real, milliseconds(2000));
+    ADD_FAILURE() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find("tail of this rank's ring"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShmHostilePeerTest, PeerThatCannotReadUsGetsRingMessages) {
+  for (bool readsDirect : {false, true}) {
+    FakePeer fake = connectFake(readsDirect);
+    const std::vector<uint8_t> out(kMiB, 1);
+    fake.real->postSend(envelope(0), out.data(), out.size());
+    EXPECT_FALSE(fake.real->progress());
+    ASSERT_GE(fake.rxControl()->head.load(std::memory_order_acquire), sizeof(MessageHeader));
+    MessageHeader header;
+    std::memcpy(&header, fake.rxRing(), sizeof(header));
+    EXPECT_EQ(header.kind, static_cast<uint32_t>(readsDirect ? MessageKind::kDirect : MessageKind::kInline));
+    EXPECT_EQ(header.bytes, kMiB);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Performance report (printed; no assertions on speed)
+
+// The machine these tests run on is shared and noisy: every figure is the median of
+// several timed blocks, and the report prints, from the same run, what this machine does
+// without ringtree (a memcpy, a bare spin ping-pong) for comparison.
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Ping-pong of 8-byte messages, both sides spinning; returns the median one-way latency
+// in us over blocks of 1000 round trips.
+double pingPongMicros(Pair& pair, int side, int blocks) {
+  constexpr int kRounds = 1000;
+  uint64_t value = 0;
+  std::vector<double> oneWay;
+  for (int block = -1; block < blocks; ++block) {  // one warm-up block
+    const auto start = Clock::now();
+    for (int i = 0; i < kRounds; ++i) {
+      for (int step = 0; step < 2; ++step) {
+        if ((step == 0) == (side == 0)) {
+          pair.postSend(envelope(0), &value, sizeof(value));
+        } else {
+          pair.postRecv(envelope(0), &value, sizeof(value));
+        }
+        spinIdle(pair);
+      }
+    }
+    if (block >= 0) oneWay.push_back(secondsSince(start) * 1e6 / (2.0 * kRounds));
+  }
+  return median(oneWay);
+}
+
+// Streams batches of `depth` messages of `bytes` from side 1 to side 0 (spinning,
+// sleeping only after long stalls); side 0 returns the median GB/s (1e9 B/s) of a batch.
+double streamGBps(Pair& pair, int side, size_t bytes, int batches, int depth, ReduceFn fn = nullptr) {
+  std::vector<uint8_t> buffer(bytes);
+  std::memset(buffer.data(), side == 1 ? 0x3f : 0, bytes);  // pre-faulted; small float32 values
+  Accumulate accumulate{fn, 4};
+  std::vector<double> rates;
+  for (int batch = -1; batch < batches; ++batch) {  // one warm-up batch
+    const auto start = Clock::now();
+    for (int k = 0; k < depth; ++k) {
+      if (side == 1) {
+        pair.postSend(envelope(0), buffer.data(), bytes);
+      } else {
+        pair.postRecv(envelope(0), buffer.data(), bytes, accumulate);
+      }
+    }
+    waitIdle(pair, kTimeout, 20000);
+    if (batch >= 0) rates.push_back(static_cast<double>(bytes) * depth / secondsSince(start) / 1e9);
+  }
+  return median(rates);
+}
+
+// One-way latency of a bare atomic ping-pong between two threads, in us.
+double bareSpinMicros() {
+  constexpr int kRounds = 20000;
+  std::atomic<int> turn{0};
+  auto other = std::async(std::launch::async, [&] {
+    for (int i = 0; i < kRounds; ++i) {
+      while (turn.load(std::memory_order_acquire) != 2 * i + 1) {
+      }
+      turn.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  const auto start = Clock::now();
+  for (int i = 0; i < kRounds; ++i) {
+    turn.store(2 * i + 1, std::memory_order_release);
+    while (turn.load(std::memory_order_acquire) != 2 * i + 2) {
+    }
+  }
+  const double micros = secondsSince(start) * 1e6 / (2.0 * kRounds);
+  other.get();
+  return micros;
+}
+
+double memcpyGBps(size_t bytes) {
+  std::vector<uint8_t> from(bytes, 1);
+  std::vector<uint8_t> to(bytes, 2);
+  std::vector<double> rates;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = Clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    rates.push_back(static_cast<double>(bytes) / secondsSince(start) / 1e9);
+  }
+  return median(rates);
+}
+
+double inProcesses(const PairOptions& options, const std::function<double(Pair&, int)>& role) {
+  Listener listener;
+  Child child = forkPeer(listener, options, [&](Pair& pair, int side) {
+    role(pair, side);
+    return true;
+  });
+  double result = 0;
+  {
+    auto pair = acceptChild(listener, child, options);
+    result = role(*pair, 0);
+  }
+  EXPECT_EQ(child.wait(), 0);
+  return result;
+}
+
+TEST(ShmPerformanceTest, Report) {
+  std::printf("[ shm ] this machine now: memcpy 64 MiB %.2f GB/s, bare spin ping-pong %.3f us one way\n",
+              memcpyGBps(64 * kMiB), bareSpinMicros());
+  {
+    TwoPairs pairs = connectThreads();
+    auto other = std::async(std::launch::async, [&] { return pingPongMicros(*pairs.rank1, 1, 9); });
+    const double threads = pingPongMicros(*pairs.rank0, 0, 9);
+    other.get();
+    const double processes =
+        inProcesses(PairOptions{}, [](Pair& pair, int side) { return pingPongMicros(pair, side, 9); });
+    std::printf("[ shm ] one-way latency, 8 B, both spinning: threads %.3f us, processes %.3f us\n", threads,
+                processes);
+  }
+  const double ring256k = inProcesses(ringOnly(), [](Pair& pair, int side) {
+    return streamGBps(pair, side, 256 << 10, 15, 16);
+  });
+  const double ring256kSum = inProcesses(ringOnly(), [](Pair& pair, int side) {
+    return streamGBps(pair, side, 256 << 10, 15, 16, sumElements<float>);
+  });
+  std::printf("[ shm ] ring, 256 KiB messages (1 MiB ring), processes: copy %.2f GB/s, float32 sum %.2f GB/s\n",
+              ring256k, ring256kSum);
+  const double direct64m =
+      inProcesses(PairOptions{}, [](Pair& pair, int side) { return streamGBps(pair, side, 64 * kMiB, 5, 1); });
+  const double direct64mSum = inProcesses(PairOptions{}, [](Pair& pair, int side) {
+    return streamGBps(pair, side, 64 * kMiB, 5, 1, sumElements<float>);
+  });
+  const double direct256k =
+      inProcesses(PairOptions{}, [](Pair& pair, int side) { return streamGBps(pair, side, 256 << 10, 15, 16); });
+  std::printf("[ shm ] direct copy (process_vm_readv), processes: 64 MiB copy %.2f GB/s, 64 MiB float32 sum "
+              "%.2f GB/s, 256 KiB copy %.2f GB/s\n",
+              direct64m, direct64mSum, direct256k);
+}
+
+}  // namespace
+}  // namespace ringtree::transport::shm

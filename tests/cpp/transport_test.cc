@@ -1,0 +1,985 @@
+// Transports and rendezvous: every pair of a full mesh at world sizes 1..8 moving
+// messages of every size class in both directions at once, FIFO order, reduce-on-receive,
+// envelope and size mismatches, mismatch notices, peers that close or die, waitIdle
+// deadlines, transport selection (tcp, shm, auto, environment), stray connections, and
+// the same over forked processes. Ends with latency and bandwidth figures (printed, not
+// asserted).
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <ringtree/communicator.h>
+#include <ringtree/error.h>
+#include <ringtree/store/file_store.h>
+#include <ringtree/store/hash_store.h>
+
+#include "common/socket.h"
+#include "communicator_impl.h"
+#include "harness/thread_harness.h"
+#include "transport/pair.h"
+
+namespace ringtree {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::RankFailure;
+using test::runCommunicators;
+using test::runOnThreads;
+using test::testOptions;
+using transport::Accumulate;
+using transport::Envelope;
+using transport::EnvelopeMismatch;
+using transport::Pair;
+
+constexpr size_t kMiB = size_t{1} << 20;
+const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 16 * kMiB};
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+std::chrono::milliseconds elapsedSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Deterministic bytes that differ for every (seed, position): a wrong offset, a swapped
+// message or a stale buffer all show up. Cheap (one add per word), since the mesh tests
+// move gigabytes.
+constexpr uint64_t kSeedFactor = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kWordStep = 0xD1B54A32D192ED03ull;
+
+void fillPattern(uint8_t* data, size_t bytes, uint64_t seed) {
+  uint64_t word = seed * kSeedFactor;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8, word += kWordStep) std::memcpy(data + i, &word, 8);
+  for (; i < bytes; ++i) data[i] = static_cast<uint8_t>(seed * 31 + i);
+}
+
+std::vector<uint8_t> pattern(size_t bytes, uint64_t seed) {
+  std::vector<uint8_t> v(bytes);
+  fillPattern(v.data(), bytes, seed);
+  return v;
+}
+
+// Empty when data holds fillPattern(bytes, seed), otherwise where it first differs.
+std::string checkPattern(const uint8_t* data, size_t bytes, uint64_t seed) {
+  const auto differenceAt = [bytes](size_t i) {
+    return "first difference at byte " + std::to_string(i) + " of " + std::to_string(bytes);
+  };
+  uint64_t word = seed * kSeedFactor;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8, word += kWordStep) {
+    if (std::memcmp(data + i, &word, 8) != 0) {
+      const auto* expected = reinterpret_cast<const uint8_t*>(&word);
+      size_t k = 0;
+      while (data[i + k] == expected[k]) ++k;
+      return differenceAt(i + k);
+    }
+  }
+  for (; i < bytes; ++i) {
+    if (data[i] != static_cast<uint8_t>(seed * 31 + i)) return differenceAt(i);
+  }
+  return {};
+}
+
+uint64_t seedOf(int src, int dst, size_t bytes, int index = 0) {
+  return (static_cast<uint64_t>(src) << 48) ^ (static_cast<uint64_t>(dst) << 40) ^ (bytes << 8) ^
+         static_cast<uint64_t>(index);
+}
+
+Envelope envelope(uint64_t sequence, uint32_t operation = 1, uint64_t count = 0) {
+  Envelope e;
+  e.sequence = sequence;
+  e.operation = operation;
+  e.count = count;
+  return e;
+}
+
+std::vector<Pair*> allPairs(Communicator& c) {
+  std::vector<Pair*> pairs;
+  for (int peer = 0; peer < c.size(); ++peer) {
+    if (peer != c.rank()) pairs.push_back(&c.impl().pair(peer));
+  }
+  return pairs;
+}
+
+void waitAll(Communicator& c, const std::vector<Pair*>& pairs, std::chrono::milliseconds timeout = 20s) {
+  c.impl().waitIdle(pairs, net::deadlineAfter(timeout));
+}
+
+// Runs fn, which must throw E; returns the exception's message ("" after a failure).
+template <typename E, typename Fn>
+std::string messageOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw an exception of another type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "did not throw";
+  return {};
+}
+
+// Waits until another rank's thread sets flag; throws after timeout (that thread failed).
+void waitForFlag(const std::atomic<bool>& flag, std::chrono::milliseconds timeout = 20s) {
+  const auto deadline = Clock::now() + timeout;
+  while (!flag.load()) {
+    if (Clock::now() > deadline) throw std::runtime_error("the other rank never got there");
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+// Every rank sends a distinct pattern of each size to every peer while receiving from
+// every peer, all posted before waiting (both directions of each pair at once). The
+// buffers are allocated once; every size has its own patterns, so bytes that a receive
+// failed to write still hold the previous size's and are caught.
+void exchangeEverySize(Communicator& c) {
+  const int rank = c.rank();
+  const int size = c.size();
+  const size_t largest = *std::max_element(kSizes.begin(), kSizes.end());
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(size));
+  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    out[static_cast<size_t>(peer)].resize(largest);
+    in[static_cast<size_t>(peer)].resize(largest);
+  }
+  uint64_t sequence = 0;
+  for (const size_t bytes : kSizes) {
+    ++sequence;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      c.impl().pair(peer).postRecv(envelope(sequence, 7, bytes), in[static_cast<size_t>(peer)].data(), bytes);
+    }
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      fillPattern(out[static_cast<size_t>(peer)].data(), bytes, seedOf(rank, peer, bytes));
+      c.impl().pair(peer).postSend(envelope(sequence, 7, bytes), out[static_cast<size_t>(peer)].data(), bytes);
+    }
+    waitAll(c, allPairs(c));
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      EXPECT_EQ(checkPattern(in[static_cast<size_t>(peer)].data(), bytes, seedOf(peer, rank, bytes)), "")
+          << "rank " << rank << " from " << peer << ", " << bytes << " bytes";
+    }
+  }
+}
+
+const char* kindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kAuto: return "auto";
+    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kShm: return "shm";
+  }
+  return "?";
+}
+
+// The pair kind every peer of a same-host (thread or process) communicator gets.
+std::string expectedKind(TransportKind kind) { return kind == TransportKind::kTcp ? "tcp" : "shm"; }
+
+void expectKinds(Communicator& c, TransportKind kind) {
+  for (int peer = 0; peer < c.size(); ++peer) {
+    EXPECT_EQ(std::string(c.transportTo(peer)), peer == c.rank() ? "self" : expectedKind(kind))
+        << "rank " << c.rank() << " to " << peer;
+  }
+}
+
+// Sets an environment variable for the lifetime of the object (set before ranks start,
+// restored after they are joined: getenv is not safe against a concurrent setenv).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    hadOld_ = old != nullptr;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (hadOld_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool hadOld_ = false;
+};
+
+// inout[i] += in[i] over int32 elements.
+void sumInt32(void* inout, const void* in, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    int32_t a = 0;
+    int32_t b = 0;
+    std::memcpy(&a, static_cast<uint8_t*>(inout) + 4 * i, 4);
+    std::memcpy(&b, static_cast<const uint8_t*>(in) + 4 * i, 4);
+    a += b;
+    std::memcpy(static_cast<uint8_t*>(inout) + 4 * i, &a, 4);
+  }
+}
+
+// The same over 12-byte elements (three int32 each): elements straddle every power-of-two
+// chunk boundary, so partial elements must be carried across reads.
+void sumInt32Triples(void* inout, const void* in, size_t count) { sumInt32(inout, in, count * 3); }
+
+// ---------------------------------------------------------------------------------------
+// Full mesh over threads: every transport x world size 1..8.
+
+class MeshTest : public ::testing::TestWithParam<std::tuple<TransportKind, int>> {};
+
+TEST_P(MeshTest, EveryPairExchangesEverySizeBothWays) {
+  const auto [kind, size] = GetParam();
+  runCommunicators(
+      size,
+      [kind = kind](int rank, Communicator& c) {
+        EXPECT_EQ(c.rank(), rank);
+        expectKinds(c, kind);
+        exchangeEverySize(c);
+      },
+      testOptions(kind));
+}
+
+std::string meshName(const ::testing::TestParamInfo<std::tuple<TransportKind, int>>& info) {
+  return std::string(kindName(std::get<0>(info.param))) + "_size" + std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, MeshTest,
+                         ::testing::Combine(::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                                            ::testing::Range(1, 9)),
+                         meshName);
+// Between threads (one host) auto must pick shm everywhere; the data path is the shm one.
+INSTANTIATE_TEST_SUITE_P(ThreadsAuto, MeshTest,
+                         ::testing::Combine(::testing::Values(TransportKind::kAuto), ::testing::Values(2, 8)),
+                         meshName);
+
+// ---------------------------------------------------------------------------------------
+// Pair semantics, per transport.
+
+class PairTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(PairTest, QueuedMessagesArriveInPostingOrder) {
+  const std::vector<size_t> sizes = {5, 0, 4096, 300000, 0, 1, 3 * kMiB + 1, 64, 0, 70000};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        const int peer = 1 - rank;
+        Pair& pair = c.impl().pair(peer);
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<std::vector<uint8_t>> in;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          in.emplace_back(sizes[i], 0);
+          out.push_back(pattern(sizes[i], seedOf(rank, peer, sizes[i], static_cast<int>(i))));
+        }
+        // Both directions at once, every message queued before any progress.
+        for (size_t i = 0; i < sizes.size(); ++i) pair.postRecv(envelope(100 + i), in[i].data(), sizes[i]);
+        for (size_t i = 0; i < sizes.size(); ++i) pair.postSend(envelope(100 + i), out[i].data(), sizes[i]);
+        waitAll(c, {&pair});
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          EXPECT_EQ(checkPattern(in[i].data(), sizes[i], seedOf(peer, rank, sizes[i], static_cast<int>(i))), "")
+              << "message " << i;
+        }
+      },
+      testOptions(GetParam()));
+}
+
+TEST_P(PairTest, AccumulateReducesWholeElements) {
+  // Byte counts that are not multiples of any staging or ring size.
+  const std::vector<size_t> int32Counts = {1, 1000, 65536 + 7, 3 * 65536 + 5, kMiB + 3};
+  const std::vector<size_t> tripleCounts = {1, 21846, 100003, 350001};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        const int peer = 1 - rank;
+        Pair& pair = c.impl().pair(peer);
+        uint64_t sequence = 0;
+        auto check = [&](size_t elementBytes, size_t count, ReduceFn fn) {
+          const size_t ints = count * elementBytes / 4;
+          std::vector<int32_t> mine(ints);
+          std::vector<int32_t> theirs(ints);
+          std::vector<int32_t> dst(ints);
+          for (size_t i = 0; i < ints; ++i) {
+            mine[i] = static_cast<int32_t>(i * 3 + static_cast<size_t>(rank) * 1000003);
+            theirs[i] = static_cast<int32_t>(i * 3 + static_cast<size_t>(peer) * 1000003);
+            dst[i] = static_cast<int32_t>(i) - 17;
+          }
+          // A plain message first, so that the reduced one starts mid-way through a read.
+          uint8_t before = 0;
+          const uint8_t token = static_cast<uint8_t>(rank + 1);
+          ++sequence;
+          pair.postRecv(envelope(sequence), &before, 1);
+          pair.postRecv(envelope(sequence, 2, count), dst.data(), ints * 4, Accumulate{fn, elementBytes});
+          pair.postSend(envelope(sequence), &token, 1);
+          pair.postSend(envelope(sequence, 2, count), mine.data(), ints * 4);
+          waitAll(c, {&pair});
+          EXPECT_EQ(before, peer + 1);
+          for (size_t i = 0; i < ints; ++i) {
+            if (dst[i] != static_cast<int32_t>(i) - 17 + theirs[i]) {
+              ADD_FAILURE() << "element size " << elementBytes << ", count " << count << ": int " << i << " is "
+                            << dst[i];
+              break;
+            }
+          }
+        };
+        for (const size_t count : int32Counts) check(4, count, sumInt32);
+        for (const size_t count : tripleCounts) check(12, count, sumInt32Triples);
+      },
+      testOptions(GetParam()));
+}
+
+// The receiver posts `expected`; the sender sends `actual` of sentBytes.
+void expectMismatch(TransportKind kind, const Envelope& expected, size_t expectedBytes, const Envelope& actual,
+                    size_t sentBytes) {
+  std::atomic<bool> seen{false};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        std::vector<uint8_t> buffer(std::max(expectedBytes, sentBytes), 1);
+        if (rank == 1) {
+          // The send may never finish (the receiver stops reading at the header): keep it
+          // going until rank 0 has seen the mismatch, then leave.
+          Pair& pair = c.impl().pair(0);
+          pair.postSend(actual, buffer.data(), sentBytes);
+          while (!seen.load()) {
+            try {
+              pair.progress();
+            } catch (const NetworkError&) {
+              if (!seen.load()) throw;  // rank 0 closes only after setting seen
+            }
+            std::this_thread::sleep_for(100us);
+          }
+          return;
+        }
+        Pair& pair = c.impl().pair(1);
+        pair.postRecv(expected, buffer.data(), expectedBytes);
+        try {
+          waitAll(c, {&pair});
+          ADD_FAILURE() << "the mismatched receive completed";
+        } catch (const EnvelopeMismatch& e) {
+          EXPECT_EQ(e.peerRank, 1);
+          EXPECT_EQ(e.expected, expected);
+          EXPECT_EQ(e.actual, actual);
+          EXPECT_EQ(e.expectedBytes, expectedBytes);
+          EXPECT_EQ(e.actualBytes, sentBytes);
+          EXPECT_TRUE(contains(e.what(), "rank 1")) << e.what();
+        }
+        // The pair stays failed; callers that do not know Pair see a CollectiveMismatchError.
+        EXPECT_THROW(pair.progress(), CollectiveMismatchError);
+        seen = true;
+      },
+      testOptions(kind, 10s));
+}
+
+TEST_P(PairTest, EnvelopeMismatchNamesPeerAndBothCalls) {
+  const auto kind = GetParam();
+  // Different sequence, operation, count; then the same envelope with another size.
+  expectMismatch(kind, envelope(5, 1, 10), 40, envelope(6, 1, 10), 40);
+  expectMismatch(kind, envelope(5, 1, 10), 40, envelope(5, 2, 10), 40);
+  expectMismatch(kind, envelope(5, 1, 10), 40, envelope(5, 1, 11), 40);
+  expectMismatch(kind, envelope(5, 1, 10), 40, envelope(5, 1, 10), 44);
+  expectMismatch(kind, envelope(5, 1, 10), 3 * kMiB, envelope(5, 1, 10), 3 * kMiB - 1);
+}
+
+TEST_P(PairTest, ClosedPeerFailsPendingReceiveAndSendQuickly) {
+  for (const bool receiving : {true, false}) {
+    const auto store = test::freshStore();
+    std::atomic<bool> posted{false};
+    runOnThreads(2, [&](int rank) {
+      auto c = Communicator::create(store, rank, 2, testOptions(GetParam()));
+      if (rank == 1) {
+        waitForFlag(posted);
+        std::this_thread::sleep_for(20ms);  // let rank 0 go to sleep in waitIdle
+        c.reset();
+        return;
+      }
+      Pair& pair = c->impl().pair(1);
+      std::vector<uint8_t> buffer(64 * kMiB, 3);
+      if (receiving) {
+        pair.postRecv(envelope(1), buffer.data(), buffer.size());
+      } else {
+        pair.postSend(envelope(1), buffer.data(), buffer.size());
+      }
+      posted = true;
+      const auto start = Clock::now();
+      const std::string message = messageOf<NetworkError>([&] { waitAll(*c, {&pair}, 10s); });
+      EXPECT_LT(elapsedSince(start), 1000ms) << message;
+      EXPECT_TRUE(contains(message, "rank 1")) << message;
+    });
+  }
+}
+
+TEST_P(PairTest, WaitIdleTimeoutNamesPeer) {
+  const auto store = test::freshStore();
+  std::atomic<bool> done{false};
+  runOnThreads(2, [&](int rank) {
+    auto c = Communicator::create(store, rank, 2, testOptions(GetParam()));
+    if (rank == 1) {
+      waitForFlag(done);
+      return;
+    }
+    uint8_t byte = 0;
+    Pair& pair = c->impl().pair(1);
+    pair.postRecv(envelope(1), &byte, 1);
+    const auto start = Clock::now();
+    const std::string message = messageOf<TimeoutError>([&] { waitAll(*c, {&pair}, 300ms); });
+    const auto elapsed = elapsedSince(start);
+    done = true;
+    EXPECT_GE(elapsed, 300ms);
+    EXPECT_LT(elapsed, 500ms) << message;
+    EXPECT_TRUE(contains(message, "rank 1")) << message;
+    EXPECT_TRUE(contains(message, "timed out after")) << message;
+  });
+}
+
+// Sets a flag when it goes out of scope, however the scope ends: keeps a rank that waits
+// for it from waiting out its timeout after a failed expectation.
+class SetOnExit {
+ public:
+  explicit SetOnExit(std::atomic<bool>& flag) : flag_(flag) {}
+  ~SetOnExit() { flag_ = true; }
+  SetOnExit(const SetOnExit&) = delete;
+  SetOnExit& operator=(const SetOnExit&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
+TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
+  // Rank 1 expects `a` but rank 0 sends `b`: rank 1 gives up and sends a notice, which
+  // fails rank 0's pending receive at once, carrying all of rank 1's envelope.
+  const Envelope a = envelope(7, 1, 4);
+  const Envelope b = envelope(7, 2, 4);
+  Envelope notice = a;
+  notice.reserved = 1;
+  std::atomic<bool> done{false};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        Pair& pair = c.impl().pair(1 - rank);
+        std::vector<uint8_t> in(16, 0);
+        if (rank == 1) {
+          pair.postRecv(a, in.data(), in.size());
+          try {
+            waitAll(c, {&pair});
+            ADD_FAILURE() << "the mismatched receive completed";
+          } catch (const EnvelopeMismatch& e) {
+            EXPECT_EQ(e.actual, b);
+          }
+          pair.sendNotice(notice, net::deadlineAfter(1s));
+          // Failed for good, with the earlier error.
+          EXPECT_THROW(pair.postSend(a, in.data(), in.size()), CollectiveMismatchError);
+          EXPECT_THROW(pair.progress(), CollectiveMismatchError);
+          // Stay connected: rank 0 must learn from the notice, not from a closed connection.
+          waitForFlag(done);
+          return;
+        }
+        const SetOnExit setDone(done);
+        const std::vector<uint8_t> out = pattern(16, 1);
+        pair.postRecv(envelope(7, 3, 4), in.data(), in.size());
+        pair.postSend(b, out.data(), out.size());
+        const auto start = Clock::now();
+        try {
+          waitAll(c, {&pair}, 10s);
+          ADD_FAILURE() << "the receive completed";
+        } catch (const EnvelopeMismatch& e) {
+          EXPECT_LT(elapsedSince(start), 1000ms);
+          EXPECT_EQ(e.peerRank, 1);
+          EXPECT_EQ(e.expected, envelope(7, 3, 4));
+          EXPECT_EQ(e.actual, notice);
+          EXPECT_EQ(e.actual.reserved, 1);
+          EXPECT_EQ(e.actualBytes, 0u);
+        }
+      },
+      testOptions(GetParam(), 10s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PairTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
+TEST(TcpNotice, PartlySentMessageIsCutNotCorrupted) {
+  // Rank 0 gives up in the middle of a send larger than the socket buffers: no notice can
+  // follow (the stream is not at a message boundary) and the rest of the payload is
+  // dropped, so rank 1 reads an intact prefix of it, then the closed connection.
+  constexpr size_t kBytes = 64 * kMiB;
+  const Envelope big = envelope(9, 1, kBytes);
+  std::atomic<bool> abandoned{false};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        Pair& pair = c.impl().pair(1 - rank);
+        if (rank == 0) {
+          const SetOnExit setAbandoned(abandoned);
+          std::vector<uint8_t> out = pattern(kBytes, 2);
+          pair.postSend(big, out.data(), kBytes);
+          messageOf<TimeoutError>([&] { waitAll(c, {&pair}, 100ms); });  // rank 1 is not reading yet
+          Envelope notice = big;
+          notice.reserved = 1;
+          const auto start = Clock::now();
+          pair.sendNotice(notice, net::deadlineAfter(1s));
+          EXPECT_LT(elapsedSince(start), 500ms);  // skipped: nothing to wait for
+          std::fill(out.begin(), out.end(), uint8_t{0xab});  // would show in rank 1's data if still sent
+          const std::string message = messageOf<NetworkError>([&] { pair.progress(); });
+          EXPECT_TRUE(contains(message, "abandoned")) << message;
+          EXPECT_THROW(pair.postSend(big, out.data(), kBytes), NetworkError);
+          return;  // destroying the communicator closes the connection
+        }
+        waitForFlag(abandoned);
+        std::vector<uint8_t> in(kBytes, 0);
+        pair.postRecv(big, in.data(), kBytes);
+        const std::string message = messageOf<NetworkError>([&] { waitAll(c, {&pair}, 10s); });
+        EXPECT_TRUE(contains(message, "closed")) << message;
+        const std::vector<uint8_t> expected = pattern(kBytes, 2);
+        size_t prefix = 0;
+        while (prefix < kBytes && in[prefix] == expected[prefix]) ++prefix;
+        EXPECT_GT(prefix, 0u);
+        EXPECT_LT(prefix, kBytes);
+        EXPECT_TRUE(std::all_of(in.begin() + static_cast<std::ptrdiff_t>(prefix), in.end(),
+                                [](uint8_t byte) { return byte == 0; }))
+            << "bytes other than the payload's arrived after its first " << prefix;
+      },
+      testOptions(TransportKind::kTcp, 10s));
+}
+
+// ---------------------------------------------------------------------------------------
+// Rendezvous.
+
+TEST(Rendezvous, SizeOneNeedsNoStore) {
+  const auto store = std::make_shared<HashStore>(1s);
+  const auto c = Communicator::create(store, 0, 1, testOptions());
+  EXPECT_EQ(c->size(), 1);
+  EXPECT_EQ(std::string(c->transportTo(0)), "self");
+  EXPECT_EQ(store->numKeys(), 0);
+  c->impl().waitIdle({}, net::deadlineAfter(0ms));
+}
+
+TEST(Rendezvous, RejectsBadArguments) {
+  const auto store = test::freshStore();
+  EXPECT_THROW(Communicator::create(store, 2, 2), InvalidArgument);
+  EXPECT_THROW(Communicator::create(store, -1, 2), InvalidArgument);
+  EXPECT_THROW(Communicator::create(store, 0, 0), InvalidArgument);
+  EXPECT_THROW(Communicator::create(nullptr, 0, 1), InvalidArgument);
+  EXPECT_THROW(Communicator::create(store, 0, 1, testOptions(TransportKind::kAuto, -1ms)), InvalidArgument);
+  {
+    ScopedEnv env("RINGTREE_TRANSPORT", "carrier-pigeon");
+    const std::string message =
+        messageOf<InvalidArgument>([&] { Communicator::create(store, 0, 1, testOptions()); });
+    EXPECT_TRUE(contains(message, "carrier-pigeon")) << message;
+  }
+}
+
+TEST(Rendezvous, MissingRankIsNamedAfterTimeout) {
+  const auto store = test::freshStore();
+  const auto start = Clock::now();
+  std::vector<std::string> messages(2);
+  runOnThreads(2, [&](int rank) {
+    messages[static_cast<size_t>(rank)] =
+        messageOf<StoreError>([&] { Communicator::create(store, rank, 3, testOptions(TransportKind::kTcp, 300ms)); });
+  });
+  EXPECT_LT(elapsedSince(start), 2s);
+  for (const auto& message : messages) EXPECT_TRUE(contains(message, "rank 2 did not publish")) << message;
+}
+
+TEST(Rendezvous, EnvironmentForcesTransport) {
+  for (const char* value : {"tcp", "shm"}) {
+    ScopedEnv env("RINGTREE_TRANSPORT", value);
+    runCommunicators(3, [&](int, Communicator& c) {
+      expectKinds(c, std::string(value) == "tcp" ? TransportKind::kTcp : TransportKind::kShm);
+      exchangeEverySize(c);
+    });
+  }
+}
+
+TEST(Rendezvous, IncompatibleTransportsAreRejected) {
+  const auto store = test::freshStore();
+  std::vector<std::string> messages(2);
+  const auto start = Clock::now();
+  runOnThreads(2, [&](int rank) {
+    const auto kind = rank == 0 ? TransportKind::kTcp : TransportKind::kShm;
+    messages[static_cast<size_t>(rank)] =
+        messageOf<InvalidArgument>([&] { Communicator::create(store, rank, 2, testOptions(kind, 10s)); });
+  });
+  // Both ranks see both records, so both refuse at once.
+  EXPECT_LT(elapsedSince(start), 2s);
+  EXPECT_TRUE(contains(messages[0], "rank 0 uses transport 'tcp' but rank 1 uses 'shm'")) << messages[0];
+  EXPECT_TRUE(contains(messages[1], "rank 1 uses transport 'shm' but rank 0 uses 'tcp'")) << messages[1];
+}
+
+TEST(Rendezvous, InterfaceSelectsAddress) {
+  {
+    ScopedEnv env("RINGTREE_SOCKET_IFNAME", "lo");
+    runCommunicators(
+        2,
+        [](int rank, Communicator& c) {
+          const std::string description = c.impl().pair(1 - rank).peerDescription();
+          EXPECT_TRUE(contains(description, "tcp 127.0.0.1:")) << description;
+          exchangeEverySize(c);
+        },
+        testOptions(TransportKind::kTcp));
+  }
+  const auto store = test::freshStore();
+  auto options = testOptions(TransportKind::kTcp);
+  options.interface = "no-such-interface0";
+  const std::string message = messageOf<NetworkError>([&] { Communicator::create(store, 0, 2, options); });
+  EXPECT_TRUE(contains(message, "no-such-interface0")) << message;
+}
+
+// Parses the TCP address out of a rank's published record (see rendezvous/connect.cc:
+// "RTA1", then length-prefixed fields; host and port are fields 5 and 6).
+std::pair<std::string, uint16_t> publishedTcpAddress(Store& store, int rank) {
+  const Bytes record = store.get("rt/comm/addr/" + std::to_string(rank));
+  std::vector<std::string> fields;
+  size_t at = 4;
+  while (at + 4 <= record.size()) {
+    uint32_t length = 0;
+    std::memcpy(&length, record.data() + at, 4);
+    fields.emplace_back(reinterpret_cast<const char*>(record.data() + at + 4), length);
+    at += 4 + length;
+  }
+  return {fields.at(5), static_cast<uint16_t>(std::stoi(fields.at(6)))};
+}
+
+// Publishes an address record for `rank` as a process on host "elsewhere" would (same
+// encoding as publishedTcpAddress reads), without any process behind it.
+void publishForeignRecord(Store& store, int rank, int size, const std::string& transport, uint16_t port) {
+  Bytes record = {'R', 'T', 'A', '1'};
+  for (const std::string& field : {std::string("elsewhere"), std::string("boot-elsewhere"), std::string("1"),
+                                   std::to_string(size), transport, std::string("127.0.0.1"),
+                                   std::to_string(port), std::string("interface 'test0'"), std::string()}) {
+    const auto length = static_cast<uint32_t>(field.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(&length);
+    record.insert(record.end(), p, p + 4);
+    record.insert(record.end(), field.begin(), field.end());
+  }
+  store.set("rt/comm/addr/" + std::to_string(rank), record);
+}
+
+// A local TCP port with nothing listening on it (bound, then closed).
+uint16_t closedPort() {
+  const net::Socket socket = net::listenTcp("127.0.0.1", 0);
+  return net::localPort(socket.fd());
+}
+
+TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
+  const auto store = test::freshStore();
+  const uint16_t port = closedPort();
+  publishForeignRecord(*store, 0, 2, "auto", port);
+  const auto start = Clock::now();
+  const std::string message = messageOf<NetworkError>(
+      [&] { Communicator::create(store, 1, 2, testOptions(TransportKind::kAuto, 500ms)); });
+  EXPECT_LT(elapsedSince(start), 2s);
+  for (const std::string& part : {std::string("rank 1 could not connect to rank 0 (host 'elsewhere', pid 1, tcp 127.0.0.1:") +
+                                      std::to_string(port) + ")",
+                                  std::string("interface 'test0'"), std::string("RINGTREE_SOCKET_IFNAME")}) {
+    EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+  }
+}
+
+TEST(Rendezvous, RequiredShmAcrossHostsIsRefused) {
+  const auto store = test::freshStore();
+  publishForeignRecord(*store, 0, 2, "shm", closedPort());
+  const std::string message = messageOf<NetworkError>(
+      [&] { Communicator::create(store, 1, 2, testOptions(TransportKind::kAuto, 2s)); });
+  EXPECT_TRUE(contains(message, "transport shm is required")) << message;
+  EXPECT_TRUE(contains(message, "not on one host")) << message;
+}
+
+TEST(Rendezvous, StrayConnectionsAreRejected) {
+  const auto store = test::freshStore();
+  std::vector<net::Socket> strays;
+  std::atomic<bool> straysConnected{false};
+  runOnThreads(3, [&](int rank) {
+    if (rank == 2) {
+      // Before rank 1 connects: a silent connection, garbage, and a well-formed
+      // handshake with the wrong nonce, all to rank 0's listener.
+      struct Release {
+        std::atomic<bool>* flag;
+        ~Release() { *flag = true; }
+      } release{&straysConnected};
+      const auto [host, port] = publishedTcpAddress(*store, 0);
+      std::string error;
+      const auto addresses = net::resolve(host, port, &error);
+      if (addresses.empty()) throw std::runtime_error("cannot resolve rank 0's address: " + error);
+      for (int i = 0; i < 3; ++i) {
+        net::Socket s;
+        if (net::connectTo(addresses[0], net::deadlineAfter(5s), &s) != 0) {
+          throw std::runtime_error("cannot connect to rank 0");
+        }
+        uint8_t bytes[32] = {};
+        if (i == 1) std::memset(bytes, 0xAB, sizeof(bytes));
+        if (i == 2) {
+          const uint32_t magic = 0x31485452;
+          const uint16_t version = 1;
+          const int32_t ranks[2] = {1, 0};
+          std::memcpy(bytes, &magic, 4);
+          std::memcpy(bytes + 4, &version, 2);
+          bytes[6] = 1;
+          std::memcpy(bytes + 8, ranks, 8);
+        }
+        if (i > 0 && !net::sendAll(s.fd(), bytes, sizeof(bytes), net::deadlineAfter(5s)).ok()) {
+          throw std::runtime_error("cannot send to rank 0");
+        }
+        strays.push_back(std::move(s));
+      }
+      return;
+    }
+    if (rank == 1) {
+      waitForFlag(straysConnected);
+    }
+    auto c = Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 10s));
+    exchangeEverySize(*c);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes: forked children meeting through a FileStore.
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "ringtree_transport_test.XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct ChildResult {
+  bool exited = false;  // by exit(), not a signal
+  int code = -1;
+  int signal = 0;
+  std::string message;  // what the child reported: its error, or what fn returned
+};
+
+// Forks `size` children; child r runs fn(r, store) on a FileStore shared through a
+// temporary directory and exits 0 (reporting fn's result) or 1 (reporting the error).
+// Children still running after `timeout` are killed. Must be called with no other
+// thread running in this process.
+std::vector<ChildResult> runProcesses(int size, const std::function<std::string(int, std::shared_ptr<Store>)>& fn,
+                                      std::chrono::milliseconds timeout = 20s) {
+  TempDir dir;
+  const std::string path = (dir.path() / "store").string();
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  for (int rank = 0; rank < size; ++rank) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::string message;
+      int code = 0;
+      try {
+        message = fn(rank, std::make_shared<FileStore>(path, -1, std::chrono::seconds(20)));
+      } catch (const std::exception& e) {
+        message = e.what();
+        code = 1;
+      }
+      for (size_t done = 0; done < message.size();) {
+        const ssize_t n = ::write(fds[1], message.data() + done, message.size() - done);
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+      ::_exit(code);
+    }
+    ::close(fds[1]);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  std::vector<ChildResult> results(static_cast<size_t>(size));
+  const auto deadline = Clock::now() + timeout;
+  for (int rank = 0; rank < size; ++rank) {
+    int status = 0;
+    for (;;) {
+      const pid_t done = ::waitpid(pids[static_cast<size_t>(rank)], &status, WNOHANG);
+      if (done == pids[static_cast<size_t>(rank)]) break;
+      if (Clock::now() > deadline) ::kill(pids[static_cast<size_t>(rank)], SIGKILL);
+      std::this_thread::sleep_for(2ms);
+    }
+    ChildResult& r = results[static_cast<size_t>(rank)];
+    r.exited = WIFEXITED(status);
+    r.code = r.exited ? WEXITSTATUS(status) : -1;
+    r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::read(pipes[static_cast<size_t>(rank)], buf, sizeof(buf))) > 0) r.message.append(buf, static_cast<size_t>(n));
+    ::close(pipes[static_cast<size_t>(rank)]);
+  }
+  return results;
+}
+
+class ProcessTest : public ::testing::TestWithParam<std::tuple<TransportKind, int>> {};
+
+TEST_P(ProcessTest, EveryPairExchangesEverySizeBothWays) {
+  const auto [kind, size] = GetParam();
+  const auto results = runProcesses(size, [kind = kind, size = size](int rank, std::shared_ptr<Store> store) {
+    const auto c = Communicator::create(store, rank, size, testOptions(kind));
+    for (int peer = 0; peer < size; ++peer) {
+      const std::string expected = peer == rank ? "self" : expectedKind(kind);
+      if (c->transportTo(peer) != expected) {
+        throw std::runtime_error("transport to " + std::to_string(peer) + " is " + c->transportTo(peer));
+      }
+    }
+    exchangeEverySize(*c);
+    if (::testing::Test::HasFailure()) throw std::runtime_error("content check failed");
+    return std::string();
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    const ChildResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_TRUE(r.exited && r.code == 0) << "rank " << rank << " (signal " << r.signal << "): " << r.message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, ProcessTest,
+                         ::testing::Combine(::testing::Values(TransportKind::kTcp, TransportKind::kShm,
+                                                              TransportKind::kAuto),
+                                            ::testing::Values(2, 4)),
+                         meshName);
+
+class KilledPeerTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(KilledPeerTest, SigkillMidTransferFailsTheOtherSideQuickly) {
+  const TransportKind kind = GetParam();
+  const auto results = runProcesses(2, [kind](int rank, std::shared_ptr<Store> store) {
+    const auto c = Communicator::create(store, rank, 2, testOptions(kind));
+    // A first message that completes, then a large one of which the sender has written
+    // a first piece when it is killed, and a third that it never sends. (A single-copy
+    // transport may still finish the second from the dying process's memory.)
+    std::vector<uint8_t> first(4 * kMiB, 4);
+    std::vector<uint8_t> second(64 * kMiB, 5);
+    Pair& pair = c->impl().pair(1 - rank);
+    if (rank == 1) {
+      pair.postSend(envelope(1), first.data(), first.size());
+      c->impl().waitIdle({&pair}, net::deadlineAfter(15s));
+      pair.postSend(envelope(2), second.data(), second.size());
+      pair.progress();
+      ::raise(SIGKILL);
+      return std::string("not killed");
+    }
+    pair.postRecv(envelope(1), first.data(), first.size());
+    pair.postRecv(envelope(2), second.data(), second.size());
+    uint8_t third = 0;
+    pair.postRecv(envelope(3), &third, 1);
+    const auto start = Clock::now();
+    try {
+      c->impl().waitIdle({&pair}, net::deadlineAfter(15s));
+    } catch (const NetworkError& e) {
+      return std::to_string(elapsedSince(start).count()) + " ms: " + e.what();
+    }
+    throw std::runtime_error("the receives completed although the sender was killed");
+  });
+  ASSERT_EQ(results[1].signal, SIGKILL) << results[1].message;
+  const ChildResult& r = results[0];
+  ASSERT_TRUE(r.exited && r.code == 0) << r.message;
+  ASSERT_TRUE(contains(r.message, " ms: ") && contains(r.message, "rank 1")) << r.message;
+  const long ms = std::stol(r.message);
+  EXPECT_LT(ms, 2000) << r.message;
+  std::printf("[ info ] %s: killed peer detected after %s\n", kindName(kind), r.message.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, KilledPeerTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
+// ---------------------------------------------------------------------------------------
+// Performance sanity (printed, not asserted).
+
+class PerfTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(PerfTest, PingPongLatencyAndStreamingBandwidth) {
+  const TransportKind kind = GetParam();
+  double oneWayUs = 0;
+  double gbPerS = 0;
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        Pair& pair = c.impl().pair(1 - rank);
+        uint64_t value = 0;
+        constexpr int kWarmup = 200;
+        constexpr int kIterations = 3000;
+        Clock::time_point start;
+        for (int i = 0; i < kWarmup + kIterations; ++i) {
+          if (i == kWarmup) start = Clock::now();
+          if (rank == 0) {
+            pair.postSend(envelope(static_cast<uint64_t>(i)), &value, 8);
+            pair.postRecv(envelope(static_cast<uint64_t>(i)), &value, 8);
+          } else {
+            pair.postRecv(envelope(static_cast<uint64_t>(i)), &value, 8);
+            waitAll(c, {&pair});
+            pair.postSend(envelope(static_cast<uint64_t>(i)), &value, 8);
+          }
+          waitAll(c, {&pair});
+        }
+        if (rank == 0) {
+          oneWayUs = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kIterations / 2;
+        }
+        std::vector<uint8_t> buffer(64 * kMiB, 1);
+        constexpr int kRounds = 6;
+        for (int round = 0; round < kRounds; ++round) {
+          if (round == 1) start = Clock::now();
+          if (rank == 0) {
+            pair.postSend(envelope(1000 + static_cast<uint64_t>(round)), buffer.data(), buffer.size());
+          } else {
+            pair.postRecv(envelope(1000 + static_cast<uint64_t>(round)), buffer.data(), buffer.size());
+          }
+          waitAll(c, {&pair});
+        }
+        // An 8-byte acknowledgement so that the sender's clock covers the last delivery.
+        if (rank == 0) {
+          pair.postRecv(envelope(2000), &value, 8);
+        } else {
+          pair.postSend(envelope(2000), &value, 8);
+        }
+        waitAll(c, {&pair});
+        if (rank == 0) {
+          gbPerS = static_cast<double>(buffer.size()) * (kRounds - 1) /
+                   std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
+        }
+      },
+      testOptions(kind));
+  std::printf("[ perf ] %s pair, 2 threads: 8-byte one-way latency %.2f us, 64 MiB streaming %.2f GB/s\n",
+              kindName(kind), oneWayUs, gbPerS);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PerfTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
+}  // namespace
+}  // namespace ringtree
