@@ -1,0 +1,29 @@
+#pragma once
+
+#include <cstddef>
+
+#include <ringtree/options.h>
+
+#include "algorithms/common.h"
+
+// Which algorithm a collective runs when the caller asks for kAuto.
+//
+// The choice depends only on values every rank shares (message size, world size and
+// RINGTREE_ALGO), never on local state, so all ranks choose alike; a rank that was
+// configured differently is caught by the envelope check as a mismatch.
+namespace ringtree::algorithms {
+
+// Resolves `requested` for `collective` on `bytes` per rank and `worldSize` ranks:
+// an explicit algorithm is checked against the ones the collective implements
+// (InvalidArgument otherwise); kAuto becomes RINGTREE_ALGO's value when that names an
+// algorithm this collective implements, else the size-based choice below. The choice
+// is logged at debug level (RINGTREE_LOG_LEVEL=debug).
+Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize);
+
+// Messages up to this size count as small: latency-bound algorithms are chosen.
+constexpr size_t kSmallMessageBytes = 64 << 10;
+
+// Default segment of the pipelined broadcast chain.
+constexpr size_t kDefaultChainSegmentBytes = 1 << 20;
+
+}  // namespace ringtree::algorithms

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+#include <ringtree/types.h>
+
+namespace ringtree {
+
+// Which algorithm a collective uses. kAuto picks by message size, world size and
+// transport (algorithms/selection.h); RINGTREE_ALGO=<name> replaces kAuto for every call.
+// A collective given an algorithm it does not implement throws InvalidArgument.
+//
+//   allreduce: ring, tree, halving_doubling (recursive doubling below a segment)
+//   broadcast: tree (binomial), chain (pipelined)
+//   reduce:    tree (binomial), ring (reduce-scatter + gather)
+enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain };
+
+// "auto", "ring", "tree", "halving_doubling", "chain".
+RINGTREE_API const char* algorithmName(Algorithm algorithm);
+// Inverse of algorithmName; throws InvalidArgument naming the valid names.
+RINGTREE_API Algorithm parseAlgorithm(const char* name);
+
+// Fields every collective's options share.
+struct CollectiveOptions {
+  Algorithm algorithm = Algorithm::kAuto;
+  // Deadline of this call; zero means the communicator's timeout.
+  std::chrono::milliseconds timeout{0};
+  // Largest piece a pipelined algorithm moves per step (0: the algorithm's default).
+  // Small values are a test knob that make multi-segment paths cheap to reach.
+  size_t maxSegmentBytes = 0;
+};
+
+struct AllreduceOptions : CollectiveOptions {
+  ReduceOp op = ReduceOp::kSum;
+  // kPremulSum: each rank's input is multiplied by this before the sum.
+  double premulFactor = 1.0;
+};
+
+struct BroadcastOptions : CollectiveOptions {
+  int root = 0;
+};
+
+struct ReduceOptions : CollectiveOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::kSum;
+  double premulFactor = 1.0;
+};
+
+struct BarrierOptions {
+  std::chrono::milliseconds timeout{0};
+};
+
+}  // namespace ringtree

@@ -1,0 +1,299 @@
+// Every collective algorithm x world sizes 1..8 x transports x counts x every valid
+// (dtype, op), in place, over the thread harness. Inputs are small integers, so every
+// result is exact and is compared bit for bit with a reference folded locally, rank by
+// rank, with the same element kernels (which reduce_ops_test checks against scalar code).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ringtree/collectives.h>
+#include <ringtree/error.h>
+
+#include "algorithms/reduce_ops.h"
+#include "harness/thread_harness.h"
+
+namespace ringtree {
+namespace {
+
+using algorithms::reduceFunction;
+
+enum class Kind { kAllreduce, kBroadcast, kReduce };
+
+struct Case {
+  Kind kind;
+  Algorithm algorithm;
+  DataType type;
+  ReduceOp op;
+  size_t count;
+  int root;
+  size_t maxSegmentBytes;
+};
+
+std::string describe(const Case& c) {
+  const char* kinds[] = {"allreduce", "broadcast", "reduce"};
+  return std::string(kinds[static_cast<int>(c.kind)]) + "/" + algorithmName(c.algorithm) + "/" +
+         dataTypeName(c.type) + "/" + reduceOpName(c.op) + "/count=" + std::to_string(c.count) +
+         "/root=" + std::to_string(c.root) + "/segment=" + std::to_string(c.maxSegmentBytes);
+}
+
+// Exactly representable small integers only (|v| <= 2048), so no rounding is involved.
+uint16_t toHalf(double v) {
+  if (v == 0) return 0;
+  const uint16_t sign = v < 0 ? 0x8000 : 0;
+  double a = std::fabs(v);
+  int exponent = 0;
+  while (a >= 2) { a /= 2; ++exponent; }
+  const auto mantissa = static_cast<uint16_t>(std::lround((a - 1) * 1024));
+  return static_cast<uint16_t>(sign | ((exponent + 15) << 10) | mantissa);
+}
+
+uint16_t toBFloat16(double v) {
+  const float f = static_cast<float>(v);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>(bits >> 16);  // exact: small integers have no low mantissa bits
+}
+
+// Writes v as one element of type at out.
+void store(DataType type, double v, void* out) {
+  switch (type) {
+    case DataType::kFloat16: { uint16_t h = toHalf(v); std::memcpy(out, &h, 2); break; }
+    case DataType::kBFloat16: { uint16_t h = toBFloat16(v); std::memcpy(out, &h, 2); break; }
+    case DataType::kFloat32: { float f = static_cast<float>(v); std::memcpy(out, &f, 4); break; }
+    case DataType::kFloat64: std::memcpy(out, &v, 8); break;
+    case DataType::kInt8: { int8_t x = static_cast<int8_t>(v); std::memcpy(out, &x, 1); break; }
+    case DataType::kUInt8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(out, &x, 1); break; }
+    case DataType::kInt16: { int16_t x = static_cast<int16_t>(v); std::memcpy(out, &x, 2); break; }
+    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(out, &x, 4); break; }
+    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(out, &x, 8); break; }
+    case DataType::kBool: { uint8_t x = v != 0; std::memcpy(out, &x, 1); break; }
+    case DataType::kComplex64: { float f[2] = {static_cast<float>(v), static_cast<float>(-v)}; std::memcpy(out, f, 8); break; }
+    case DataType::kComplex128: { double d[2] = {v, -v}; std::memcpy(out, d, 16); break; }
+  }
+}
+
+// Rank r's input element i for op: small values whose sums and products stay exact.
+double inputValue(ReduceOp op, int rank, size_t i) {
+  switch (op) {
+    case ReduceOp::kProduct: return static_cast<double>((rank + i) % 2 + 1);
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: return static_cast<double>((rank * 37 + i * 11) % 128);
+    default: return static_cast<double>((rank * 7 + i * 3) % 5 + 1);
+  }
+}
+
+std::vector<uint8_t> input(const Case& c, int rank) {
+  const size_t es = elementSize(c.type);
+  std::vector<uint8_t> data(c.count * es);
+  for (size_t i = 0; i < c.count; ++i) {
+    store(c.type, inputValue(c.op, rank, i), data.data() + i * es);
+  }
+  return data;
+}
+
+// The reduction of every rank's input, folded in rank order.
+std::vector<uint8_t> reduced(const Case& c, int n, double premulFactor) {
+  std::vector<uint8_t> result = input(c, 0);
+  if (c.op == ReduceOp::kPremulSum) algorithms::scale(result.data(), c.count, c.type, premulFactor);
+  const ReduceFn fn = reduceFunction(c.type, c.op);
+  for (int r = 1; r < n; ++r) {
+    std::vector<uint8_t> other = input(c, r);
+    if (c.op == ReduceOp::kPremulSum) algorithms::scale(other.data(), c.count, c.type, premulFactor);
+    fn(result.data(), other.data(), c.count);
+  }
+  if (c.op == ReduceOp::kAvg) algorithms::divide(result.data(), c.count, c.type, n);
+  return result;
+}
+
+std::vector<Case> casesFor(int n) {
+  const DataType types[] = {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+                            DataType::kInt8,    DataType::kUInt8,    DataType::kInt16,   DataType::kInt32,
+                            DataType::kInt64,   DataType::kBool,     DataType::kComplex64, DataType::kComplex128};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,       ReduceOp::kMax,
+                          ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor,    ReduceOp::kPremulSum};
+  // {count, maxSegmentBytes}: 0, 1, odd, > a segment, many segments.
+  const std::pair<size_t, size_t> sizes[] = {{0, 0}, {1, 0}, {7, 0}, {1023, 0}, {5000, 256}};
+  std::vector<Case> cases;
+  for (DataType type : types) {
+    for (ReduceOp op : ops) {
+      if (!isSupported(type, op)) continue;
+      for (auto [count, segment] : sizes) {
+        for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kHalvingDoubling}) {
+          cases.push_back({Kind::kAllreduce, a, type, op, count, 0, segment});
+        }
+        for (Algorithm a : {Algorithm::kTree, Algorithm::kRing}) {
+          cases.push_back({Kind::kReduce, a, type, op, count, static_cast<int>(count % n), segment});
+        }
+      }
+    }
+    for (auto [count, segment] : sizes) {
+      for (int root = 0; root < n; ++root) {
+        for (Algorithm a : {Algorithm::kTree, Algorithm::kChain}) {
+          cases.push_back({Kind::kBroadcast, a, type, ReduceOp::kSum, count, root, segment});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+void runCase(Communicator& comm, const Case& c) {
+  const int rank = comm.rank();
+  const int n = comm.size();
+  constexpr double kFactor = 2.0;
+  std::vector<uint8_t> buffer = input(c, rank);
+  const std::vector<uint8_t> original = buffer;
+  std::vector<uint8_t> expected;
+  switch (c.kind) {
+    case Kind::kAllreduce: {
+      AllreduceOptions o;
+      o.algorithm = c.algorithm;
+      o.op = c.op;
+      o.premulFactor = kFactor;
+      o.maxSegmentBytes = c.maxSegmentBytes;
+      allreduce(comm, buffer.data(), c.count, c.type, o);
+      expected = reduced(c, n, kFactor);
+      break;
+    }
+    case Kind::kReduce: {
+      ReduceOptions o;
+      o.algorithm = c.algorithm;
+      o.op = c.op;
+      o.root = c.root;
+      o.premulFactor = kFactor;
+      o.maxSegmentBytes = c.maxSegmentBytes;
+      reduce(comm, buffer.data(), c.count, c.type, o);
+      expected = rank == c.root ? reduced(c, n, kFactor) : original;
+      break;
+    }
+    case Kind::kBroadcast: {
+      BroadcastOptions o;
+      o.algorithm = c.algorithm;
+      o.root = c.root;
+      o.maxSegmentBytes = c.maxSegmentBytes;
+      broadcast(comm, buffer.data(), c.count, c.type, o);
+      expected = input(c, c.root);
+      break;
+    }
+  }
+  ASSERT_EQ(buffer, expected) << describe(c) << " on rank " << rank << " of " << n;
+}
+
+class AlgorithmGrid : public ::testing::TestWithParam<std::tuple<TransportKind, int>> {};
+
+TEST_P(AlgorithmGrid, EveryCaseIsExact) {
+  const auto [transport, n] = GetParam();
+  const std::vector<Case> cases = casesFor(n);
+  test::runCommunicators(n, [&](int, Communicator& comm) {
+    for (const Case& c : cases) {
+      runCase(comm, c);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    barrier(comm);
+  }, test::testOptions(transport));
+}
+
+std::string gridName(const ::testing::TestParamInfo<std::tuple<TransportKind, int>>& info) {
+  const auto [transport, n] = info.param;
+  return std::string(transport == TransportKind::kTcp ? "tcp" : "shm") + "_" + std::to_string(n) + "ranks";
+}
+
+INSTANTIATE_TEST_SUITE_P(Tcp, AlgorithmGrid,
+                         ::testing::Combine(::testing::Values(TransportKind::kTcp), ::testing::Range(1, 9)), gridName);
+INSTANTIATE_TEST_SUITE_P(Shm, AlgorithmGrid,
+                         ::testing::Combine(::testing::Values(TransportKind::kShm), ::testing::Range(1, 9)), gridName);
+
+TEST(Algorithms, UnsupportedTypeOpThrowsBeforeAnyDataMoves) {
+  test::runCommunicators(2, [&](int, Communicator& comm) {
+    std::vector<float> data(4, 1.0f);
+    AllreduceOptions o;
+    o.op = ReduceOp::kBand;
+    EXPECT_THROW(allreduce(comm, data.data(), data.size(), DataType::kFloat32, o), InvalidArgument);
+    o.op = ReduceOp::kMax;
+    EXPECT_THROW(allreduce(comm, data.data(), 2, DataType::kComplex64, o), InvalidArgument);
+    o = AllreduceOptions{};
+    o.algorithm = Algorithm::kChain;
+    EXPECT_THROW(allreduce(comm, data.data(), data.size(), DataType::kFloat32, o), InvalidArgument);
+    BroadcastOptions b;
+    b.root = 2;
+    EXPECT_THROW(broadcast(comm, data.data(), data.size(), DataType::kFloat32, b), InvalidArgument);
+    // Nothing was sent: the communicator still works.
+    allreduce(comm, data.data(), data.size(), DataType::kFloat32);
+    EXPECT_EQ(data[0], 2.0f);
+  }, test::testOptions(TransportKind::kTcp));
+}
+
+TEST(Algorithms, MismatchedCallsFailOnBothRanksNamingBothCalls) {
+  std::vector<std::string> messages(2);
+  test::runCommunicators(2, [&](int rank, Communicator& comm) {
+    std::vector<float> data(16, 1.0f);
+    try {
+      if (rank == 0) {
+        allreduce(comm, data.data(), data.size(), DataType::kFloat32);
+      } else {
+        BroadcastOptions o;
+        broadcast(comm, data.data(), data.size(), DataType::kFloat32, o);
+      }
+      ADD_FAILURE() << "rank " << rank << " did not detect the mismatch";
+    } catch (const CollectiveMismatchError& e) {
+      messages[rank] = e.what();
+    }
+    // The communicator is unusable afterwards, and says why.
+    EXPECT_THROW(barrier(comm), Error);
+  }, test::testOptions(TransportKind::kTcp));
+  for (const auto& m : messages) {
+    EXPECT_NE(m.find("allreduce(seq=1"), std::string::npos) << m;
+    EXPECT_NE(m.find("broadcast(seq=1"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+  }
+}
+
+TEST(Algorithms, CountMismatchIsReported) {
+  std::vector<std::string> messages(2);
+  test::runCommunicators(2, [&](int rank, Communicator& comm) {
+    std::vector<int32_t> data(16, 1);
+    try {
+      allreduce(comm, data.data(), rank == 0 ? 16 : 8, DataType::kInt32);
+      ADD_FAILURE() << "rank " << rank << " did not detect the mismatch";
+    } catch (const CollectiveMismatchError& e) {
+      messages[rank] = e.what();
+    }
+  }, test::testOptions(TransportKind::kTcp));
+  for (const auto& m : messages) {
+    EXPECT_NE(m.find("count=16"), std::string::npos) << m;
+    EXPECT_NE(m.find("count=8"), std::string::npos) << m;
+  }
+}
+
+TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
+  test::runCommunicators(2, [&](int rank, Communicator& comm) {
+    if (rank == 1) {
+      std::vector<float> data(4, 1.0f);
+      AllreduceOptions o;
+      o.timeout = std::chrono::milliseconds(300);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+        ADD_FAILURE() << "no timeout";
+      } catch (const TimeoutError& e) {
+        const auto elapsed = std::chrono::steady_clock::now() - start;
+        EXPECT_GE(elapsed, std::chrono::milliseconds(290));
+        EXPECT_LT(elapsed, std::chrono::milliseconds(1500));
+        EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+      }
+    } else {
+      // Rank 0 never enters the collective but stays connected past rank 1's deadline.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    }
+  }, test::testOptions(TransportKind::kTcp));
+}
+
+}  // namespace
+}  // namespace ringtree
