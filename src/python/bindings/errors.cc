@@ -9,9 +9,21 @@ namespace ringtree::python {
 namespace {
 // The classes live in Python (ringtree/errors.py) so that they can subclass both
 // DistError and the matching built-in; they are looked up when first needed.
-void raise(const char* className, const char* message) {
-  py::object cls = py::module_::import("ringtree.errors").attr(className);
-  PyErr_SetString(cls.ptr(), message);
+py::object errorClass(const Error& e) {
+  if (dynamic_cast<const InvalidArgument*>(&e) != nullptr) {
+    return py::reinterpret_borrow<py::object>(PyExc_ValueError);
+  }
+  const char* name = "DistBackendError";
+  if (dynamic_cast<const NetworkError*>(&e) != nullptr) {
+    name = "DistNetworkError";
+  } else if (dynamic_cast<const StoreError*>(&e) != nullptr) {
+    name = "DistStoreError";
+  } else if (dynamic_cast<const TimeoutError*>(&e) != nullptr) {
+    name = "DistTimeoutError";
+  } else if (dynamic_cast<const CollectiveMismatchError*>(&e) != nullptr) {
+    name = "CollectiveMismatchError";
+  }
+  return py::module_::import("ringtree.errors").attr(name);
 }
 }  // namespace
 
@@ -21,18 +33,25 @@ void initErrors(py::module_& m) {
       if (p) {
         std::rethrow_exception(p);
       }
-    } catch (const InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const NetworkError& e) {
-      raise("DistNetworkError", e.what());
-    } catch (const StoreError& e) {
-      raise("DistStoreError", e.what());
-    } catch (const TimeoutError& e) {
-      raise("DistTimeoutError", e.what());
     } catch (const Error& e) {
-      raise("DistBackendError", e.what());
+      PyErr_SetString(errorClass(e).ptr(), e.what());
     }
   });
+}
+
+py::object toPythonException(const std::exception_ptr& error) {
+  if (!error) {
+    return py::none();
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return errorClass(e)(e.what());
+  } catch (const std::exception& e) {
+    return py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(e.what());
+  } catch (...) {
+    return py::reinterpret_borrow<py::object>(PyExc_RuntimeError)("unknown C++ exception");
+  }
 }
 
 }  // namespace ringtree::python

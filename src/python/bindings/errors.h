@@ -2,12 +2,18 @@
 
 #include <pybind11/pybind11.h>
 
+#include <exception>
+
 namespace ringtree::python {
 
 // Translates ringtree's C++ exceptions into the Python classes of ringtree.errors
 // (InvalidArgument -> ValueError, NetworkError -> DistNetworkError, StoreError ->
-// DistStoreError, TimeoutError -> DistTimeoutError, any other ringtree::Error ->
-// DistBackendError).
+// DistStoreError, TimeoutError -> DistTimeoutError, CollectiveMismatchError ->
+// CollectiveMismatchError, any other ringtree::Error -> DistBackendError).
 void initErrors(pybind11::module_& m);
+
+// The Python exception object (not raised) for a C++ exception, by the same mapping;
+// other std::exceptions become RuntimeError. None for a null pointer. GIL held.
+pybind11::object toPythonException(const std::exception_ptr& error);
 
 }  // namespace ringtree::python

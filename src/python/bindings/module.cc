@@ -2,6 +2,7 @@
 
 #include <ringtree/version.h>
 
+#include "collectives.h"
 #include "errors.h"
 #include "store.h"
 
@@ -10,4 +11,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = RINGTREE_VERSION_STRING;
   ringtree::python::initErrors(m);
   ringtree::python::initStore(m);
+  ringtree::python::initCollectives(m);
 }

@@ -13,7 +13,15 @@ from ._C import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._C import __version__ as __version__
 from .backend import Backend, BackendConfig
 from .constants import default_pg_timeout
-from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError
+from .collectives import Work, all_reduce, barrier, broadcast, reduce
+from .errors import (
+    CollectiveMismatchError,
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    DistTimeoutError,
+)
 from .process_group import (
     GroupMember,
     ProcessGroup,
@@ -40,6 +48,7 @@ from .rendezvous import register_rendezvous_handler, rendezvous
 __all__ = [
     "Backend",
     "BackendConfig",
+    "CollectiveMismatchError",
     "DistBackendError",
     "DistError",
     "DistNetworkError",
@@ -53,6 +62,10 @@ __all__ = [
     "ReduceOp",
     "Store",
     "TCPStore",
+    "Work",
+    "all_reduce",
+    "barrier",
+    "broadcast",
     "default_pg_timeout",
     "destroy_process_group",
     "get_backend",
@@ -69,6 +82,7 @@ __all__ = [
     "is_initialized",
     "is_mpi_available",
     "is_nccl_available",
+    "reduce",
     "register_rendezvous_handler",
     "rendezvous",
 ]

@@ -9,6 +9,7 @@ raise the built-in ``ValueError`` (or ``TypeError`` for a wrong type).
 from __future__ import annotations
 
 __all__ = [
+    "CollectiveMismatchError",
     "DistError",
     "DistBackendError",
     "DistNetworkError",
@@ -35,3 +36,8 @@ class DistStoreError(DistError):
 
 class DistTimeoutError(DistError, TimeoutError):
     """An operation did not complete within its deadline."""
+
+
+class CollectiveMismatchError(DistError, ValueError):
+    """Ranks called different collectives, or one collective with different arguments
+    (operation, data type, element count, root). The message names both ranks and both calls."""

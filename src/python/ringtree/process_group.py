@@ -8,10 +8,11 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from . import constants
-from ._C import PrefixStore, Store, TCPStore
+from ._C import Communicator, PrefixStore, Store, TCPStore
+from ._C import ProcessGroup as _NativeProcessGroup
 from ._world import world
 from .backend import Backend, BackendConfig
 from .errors import DistBackendError, DistStoreError
@@ -75,8 +76,14 @@ class ProcessGroup:
         self._backend_config = BackendConfig(None if backend == Backend.UNDEFINED else backend)
         self._group_name = group_name
         self._ranks = list(ranks)
+        # Global rank -> group rank.
+        self._group_ranks = {global_rank: group_rank for group_rank, global_rank in enumerate(self._ranks)}
         # Objects created by plugin backends (Backend.register_backend), by device type.
         self._plugin_backends: dict[str, Any] = {}
+        # The native CPU engine that runs this group's collectives (see _start_engine).
+        self._engine: _NativeProcessGroup | _NoEngine = _NoEngine(
+            f"group {group_name!r} has no CPU collective engine (backend {backend!r} does not map 'cpu' to 'gloo')"
+        )
         self._barrier_count = 0
 
     def rank(self) -> int:
@@ -105,6 +112,36 @@ class ProcessGroup:
             f"ProcessGroup(name={self._group_name!r}, backend={self._backend_str!r}, "
             f"rank={self._rank}, size={self._size})"
         )
+
+
+class _NoEngine:
+    """Stands in for the native engine of a group that has none (or no longer has one):
+    every collective raises DistBackendError saying why."""
+
+    __slots__ = ("_reason",)
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def _fail(self, *args: Any) -> NoReturn:
+        raise DistBackendError(self._reason)
+
+    allreduce = broadcast = reduce = barrier = _fail
+
+
+def _start_engine(pg: ProcessGroup) -> None:
+    """Connects the group's ranks (a collective: blocks until all arrive) and starts the
+    native CPU engine over the connections, with the group's timeout."""
+    communicator = Communicator.create(PrefixStore("comm", pg.store), pg.rank(), pg.size(), pg.timeout)
+    pg._engine = _NativeProcessGroup(communicator)
+
+
+def _stop_engine(pg: ProcessGroup) -> None:
+    """Runs the group's queued collectives to completion and stops its engine."""
+    engine = pg._engine
+    if isinstance(engine, _NativeProcessGroup):
+        pg._engine = _NoEngine(f"group {pg.group_name!r} has been destroyed")
+        engine.shutdown()
 
 
 class _WorldAccessor(type):
@@ -262,10 +299,12 @@ def init_process_group(
     registered scheme). ``backend=None`` means ``cpu:gloo,cuda:nccl``. ``timeout``
     (default 30 min) bounds every operation of the group and the store's waits.
 
-    Blocks until this rank reached the store (rank 0 or ringtree-run hosts it).
-    Raises ValueError for bad arguments (second init, missing env variables,
-    rank >= world_size, both store and init_method), DistNetworkError when the store
-    cannot be reached within the timeout, DistBackendError for an unavailable backend.
+    Blocks until this rank reached the store (rank 0 or ringtree-run hosts it) and, when
+    'cpu' maps to 'gloo', until every rank has joined: like torch's gloo, the CPU engine
+    connects the ranks here. Raises ValueError for bad arguments (second init, missing env
+    variables, rank >= world_size, both store and init_method), DistNetworkError when the
+    store or a peer cannot be reached within the timeout, DistStoreError when a peer never
+    joins within it, DistBackendError for an unavailable backend.
     ``pg_options`` is accepted for compatibility and unused by the built-in backends.
     """
     if world.default_pg is not None:
@@ -309,6 +348,8 @@ def init_process_group(
         if plugin.extended_api:
             raise ValueError(f"backend {backend_name!r} was registered with extended_api=True, which ringtree does not support")
         pg._plugin_backends[device] = plugin.creator_fn(device_store, rank, world_size, timeout)
+    if config.device_backend_map.get("cpu") == Backend.GLOO:
+        _start_engine(pg)
     world.default_pg = pg
     world.groups[name] = pg
     world.group_count += 1
@@ -401,12 +442,14 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if world.default_pg is None:
             raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
         for pg in list(world.groups.values()):
+            _stop_engine(pg)
             _retire_store(pg)
         world.groups.clear()
         world.default_pg = None
         return
     if group.group_name not in world.groups:
         raise ValueError(f"Invalid process group specified: {group!r}")
+    _stop_engine(group)
     _retire_store(group)
     del world.groups[group.group_name]
     if group is world.default_pg:

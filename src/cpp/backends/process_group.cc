@@ -1,0 +1,191 @@
+#include <ringtree/process_group.h>
+
+#include <string>
+#include <utility>
+
+#include <ringtree/collectives.h>
+#include <ringtree/error.h>
+
+namespace ringtree {
+
+namespace {
+
+void checkOp(const char* opName, DataType type, ReduceOp op) {
+  if (!isSupported(type, op)) {
+    std::string message = std::string(opName) + " does not support ReduceOp." + reduceOpName(op) + " on " +
+                          dataTypeName(type) + " buffers";
+    if (type == DataType::kComplex64 || type == DataType::kComplex128) {
+      message += " (complex buffers support SUM, AVG and PREMUL_SUM)";
+    }
+    throw InvalidArgument(message);
+  }
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> communicator) : communicator_(std::move(communicator)) {
+  if (!communicator_) {
+    throw InvalidArgument("ProcessGroup needs a communicator, got null");
+  }
+}
+
+ProcessGroup::~ProcessGroup() { shutdown(); }
+
+void ProcessGroup::checkRoot(const char* opName, int root) const {
+  if (root < 0 || root >= size()) {
+    throw InvalidArgument(std::string(opName) + ": root " + std::to_string(root) + " is not a rank of this group of " +
+                          std::to_string(size()) + " ranks");
+  }
+}
+
+template <typename Operation>
+void ProcessGroup::runSync(const char* opName, Operation& operation) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (shutdown_) {
+    throw Error(std::string(opName) + " on a ProcessGroup that has been shut down");
+  }
+  if (!busy_ && queue_.empty()) {
+    busy_ = true;
+    lock.unlock();
+    inlineCalls_.fetch_add(1, std::memory_order_relaxed);
+    struct Release {
+      ProcessGroup& group;
+      ~Release() {
+        std::lock_guard<std::mutex> guard(group.mutex_);
+        group.busy_ = false;
+        group.stateCv_.notify_all();
+      }
+    } release{*this};
+    operation();
+    return;
+  }
+  auto work = std::make_shared<Work>(opName);
+  queue_.push_back(Task{[&operation] { operation(); }, work});
+  startWorkerLocked();
+  lock.unlock();
+  work->wait();
+}
+
+void ProcessGroup::startWorkerLocked() {
+  if (!worker_.joinable()) {
+    worker_ = std::thread([this] { workerLoop(); });
+  }
+  stateCv_.notify_all();
+}
+
+std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<void()> operation,
+                                           std::shared_ptr<void> keepAlive) {
+  auto work = std::make_shared<Work>(opName, std::move(keepAlive));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shutdown_) {
+    throw Error(std::string(opName) + " on a ProcessGroup that has been shut down");
+  }
+  queue_.push_back(Task{std::move(operation), work});
+  startWorkerLocked();
+  return work;
+}
+
+void ProcessGroup::workerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    stateCv_.wait(lock, [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); });
+    if (queue_.empty()) {
+      return;  // shut down and drained
+    }
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      task.run();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task.run = nullptr;
+    lock.lock();
+    busy_ = false;  // before finish(): a caller woken by it finds the group idle
+    stateCv_.notify_all();
+    lock.unlock();
+    task.work->finish(error);
+    task.work.reset();
+    lock.lock();
+  }
+}
+
+void ProcessGroup::shutdown() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  shutdown_ = true;
+  stateCv_.notify_all();
+  std::thread worker = std::move(worker_);
+  if (worker.joinable()) {
+    lock.unlock();
+    worker.join();
+    lock.lock();
+  }
+  stateCv_.wait(lock, [this] { return !busy_ && queue_.empty(); });
+}
+
+bool ProcessGroup::isShutdown() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shutdown_;
+}
+
+void ProcessGroup::allreduce(void* buffer, size_t count, DataType type, const AllreduceOptions& options) {
+  checkOp("allreduce", type, options.op);
+  auto operation = [&] { ringtree::allreduce(*communicator_, buffer, count, type, options); };
+  runSync("allreduce", operation);
+}
+
+std::shared_ptr<Work> ProcessGroup::allreduceAsync(void* buffer, size_t count, DataType type,
+                                                   const AllreduceOptions& options, std::shared_ptr<void> keepAlive) {
+  checkOp("allreduce", type, options.op);
+  return submit(
+      "allreduce",
+      [this, buffer, count, type, options] { ringtree::allreduce(*communicator_, buffer, count, type, options); },
+      std::move(keepAlive));
+}
+
+void ProcessGroup::broadcast(void* buffer, size_t count, DataType type, const BroadcastOptions& options) {
+  checkRoot("broadcast", options.root);
+  auto operation = [&] { ringtree::broadcast(*communicator_, buffer, count, type, options); };
+  runSync("broadcast", operation);
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcastAsync(void* buffer, size_t count, DataType type,
+                                                   const BroadcastOptions& options, std::shared_ptr<void> keepAlive) {
+  checkRoot("broadcast", options.root);
+  return submit(
+      "broadcast",
+      [this, buffer, count, type, options] { ringtree::broadcast(*communicator_, buffer, count, type, options); },
+      std::move(keepAlive));
+}
+
+void ProcessGroup::reduce(void* buffer, size_t count, DataType type, const ReduceOptions& options) {
+  checkRoot("reduce", options.root);
+  checkOp("reduce", type, options.op);
+  auto operation = [&] { ringtree::reduce(*communicator_, buffer, count, type, options); };
+  runSync("reduce", operation);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduceAsync(void* buffer, size_t count, DataType type,
+                                                const ReduceOptions& options, std::shared_ptr<void> keepAlive) {
+  checkRoot("reduce", options.root);
+  checkOp("reduce", type, options.op);
+  return submit(
+      "reduce",
+      [this, buffer, count, type, options] { ringtree::reduce(*communicator_, buffer, count, type, options); },
+      std::move(keepAlive));
+}
+
+void ProcessGroup::barrier(const BarrierOptions& options) {
+  auto operation = [&] { ringtree::barrier(*communicator_, options); };
+  runSync("barrier", operation);
+}
+
+std::shared_ptr<Work> ProcessGroup::barrierAsync(const BarrierOptions& options) {
+  return submit(
+      "barrier", [this, options] { ringtree::barrier(*communicator_, options); }, nullptr);
+}
+
+}  // namespace ringtree

@@ -1,0 +1,114 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <ringtree/communicator.h>
+#include <ringtree/export.h>
+#include <ringtree/options.h>
+#include <ringtree/types.h>
+#include <ringtree/work.h>
+
+namespace ringtree {
+
+// The CPU backend (torch's "gloo" role): runs the collectives of <ringtree/collectives.h>
+// over one Communicator, synchronously or asynchronously, in submission order.
+//
+// Every collective comes in two forms:
+//  - synchronous (`allreduce(...)`): returns when this rank's part is done. When nothing
+//    is queued or running it runs directly on the calling thread (the fast path: no
+//    thread hand-off, no allocation besides the algorithm's); otherwise it is queued
+//    behind the pending operations and the caller blocks until it ran.
+//  - asynchronous (`allreduceAsync(...)`): queued to the group's worker thread (started on
+//    first use); returns at once with a Work. The buffer must stay valid and untouched
+//    until the Work completes; `keepAlive` (any owner of it) is held until then.
+//
+// Operations run one at a time in submission order, whichever thread submits them, so
+// every rank must submit the same operations in the same order. Errors: invalid
+// arguments (root out of range, op not defined on the type: see isSupported) throw
+// InvalidArgument from the submitting call, before anything is queued. Errors of the
+// operation itself (NetworkError, TimeoutError, CollectiveMismatchError, see
+// collectives.h) are thrown by the synchronous form and stored in the Work of the
+// asynchronous one; after one of them the communicator is unusable, and every later
+// operation fails at once.
+//
+// Threading: every member function may be called from any thread. Nothing else may use
+// the communicator while the group exists. Work callbacks run on the worker and must not
+// drop the last reference to the ProcessGroup.
+class RINGTREE_API ProcessGroup {
+ public:
+  explicit ProcessGroup(std::shared_ptr<Communicator> communicator);
+  // shutdown().
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return communicator_->rank(); }
+  int size() const { return communicator_->size(); }
+  Communicator& communicator() { return *communicator_; }
+
+  // In place over `count` elements of `type` at `buffer`; see collectives.h.
+  void allreduce(void* buffer, size_t count, DataType type, const AllreduceOptions& options = {});
+  std::shared_ptr<Work> allreduceAsync(void* buffer, size_t count, DataType type,
+                                       const AllreduceOptions& options = {},
+                                       std::shared_ptr<void> keepAlive = nullptr);
+
+  void broadcast(void* buffer, size_t count, DataType type, const BroadcastOptions& options = {});
+  std::shared_ptr<Work> broadcastAsync(void* buffer, size_t count, DataType type,
+                                       const BroadcastOptions& options = {},
+                                       std::shared_ptr<void> keepAlive = nullptr);
+
+  void reduce(void* buffer, size_t count, DataType type, const ReduceOptions& options = {});
+  std::shared_ptr<Work> reduceAsync(void* buffer, size_t count, DataType type,
+                                    const ReduceOptions& options = {},
+                                    std::shared_ptr<void> keepAlive = nullptr);
+
+  void barrier(const BarrierOptions& options = {});
+  std::shared_ptr<Work> barrierAsync(const BarrierOptions& options = {});
+
+  // Stops the group: later submissions throw Error. Operations already queued still run,
+  // in order (each bounded by its deadline), then the worker thread is joined; returns
+  // once nothing runs any more (an inline call on another thread included). Idempotent.
+  // Must not be called from a Work callback.
+  void shutdown();
+  bool isShutdown() const;
+
+  // How many synchronous calls ran on the calling thread (the fast path). A debug
+  // counter for tests.
+  uint64_t inlineCallCount() const { return inlineCalls_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Task {
+    std::function<void()> run;
+    std::shared_ptr<Work> work;
+  };
+
+  // Runs `operation` on this thread when the group is idle, else queues it and waits.
+  template <typename Operation>
+  void runSync(const char* opName, Operation& operation);
+  std::shared_ptr<Work> submit(const char* opName, std::function<void()> operation,
+                               std::shared_ptr<void> keepAlive);
+  // Starts the worker on first use and wakes it; mutex_ held.
+  void startWorkerLocked();
+  void workerLoop();
+  void checkRoot(const char* opName, int root) const;
+
+  std::shared_ptr<Communicator> communicator_;
+  mutable std::mutex mutex_;
+  // Signalled when a task is queued, when an operation finishes and at shutdown.
+  std::condition_variable stateCv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;  // an operation is running (on the worker or inline)
+  bool shutdown_ = false;
+  std::thread worker_;
+  std::atomic<uint64_t> inlineCalls_{0};
+};
+
+}  // namespace ringtree

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <ringtree/export.h>
+
+namespace ringtree {
+
+// The handle of one operation that runs asynchronously (see ProcessGroup's *Async calls):
+// its completion state, its error, and whatever the caller asked to keep alive while it
+// runs. Like torch's c10d::Work.
+//
+// Threading: every member function may be called from any thread at any time. The
+// object is created pending by whoever queues the operation, completed exactly once by
+// whoever runs it (finish()), and then never changes again.
+class RINGTREE_API Work {
+ public:
+  using Callback = std::function<void(Work&)>;
+
+  // A pending Work for the operation named `opName` (a string literal: "allreduce", ...,
+  // used in messages). `keepAlive` is held until the operation finishes and released
+  // (on the finishing thread) before the Work is marked completed, so when wait() returns
+  // it has been released.
+  explicit Work(const char* opName, std::shared_ptr<void> keepAlive = nullptr);
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the operation finished, or until `timeout` passed (zero: no limit).
+  // Returns true once the operation finished successfully; rethrows the operation's
+  // exception (the same object on every call) when it failed. Throws TimeoutError when
+  // the timeout passes first: the operation itself keeps running, and a later wait()
+  // can still see it finish.
+  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  // Whether the operation finished (successfully or not). Never blocks.
+  bool isCompleted() const;
+  // Whether the operation finished without an error (false while it runs).
+  bool isSuccess() const;
+  // The operation's error; null while it runs and when it succeeded.
+  std::exception_ptr exception() const;
+
+  // The name given at construction ("allreduce", ...).
+  const char* opName() const { return opName_; }
+
+  // Runs `callback(*this)` once the operation finished: on the thread that finishes it,
+  // after waiters were woken, or at once on the calling thread if it already finished.
+  // Callbacks registered before completion run in registration order. A callback must
+  // not block on other operations of the same ProcessGroup (it may run on that group's
+  // worker) and should not throw: an exception escaping it is logged and dropped.
+  void addCallback(Callback callback);
+
+  // Completes the Work: releases the keep-alive, records `error` (null: success), wakes
+  // every waiter, then runs the callbacks. For the code that runs the operation; must be
+  // called exactly once (a second call throws InvalidArgument).
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  const char* opName_;
+  mutable std::mutex mutex_;
+  std::condition_variable completedCv_;
+  bool completed_ = false;
+  bool finishing_ = false;
+  std::exception_ptr exception_;
+  std::shared_ptr<void> keepAlive_;
+  std::vector<Callback> callbacks_;
+};
+
+}  // namespace ringtree

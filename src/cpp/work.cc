@@ -1,0 +1,89 @@
+#include <ringtree/work.h>
+
+#include <string>
+#include <utility>
+
+#include <ringtree/error.h>
+
+#include "common/logging.h"
+
+namespace ringtree {
+
+Work::Work(const char* opName, std::shared_ptr<void> keepAlive)
+    : opName_(opName), keepAlive_(std::move(keepAlive)) {}
+
+Work::~Work() = default;
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto done = [this] { return completed_; };
+  if (timeout.count() <= 0) {
+    completedCv_.wait(lock, done);
+  } else if (!completedCv_.wait_for(lock, timeout, done)) {
+    throw TimeoutError(std::string("Work.wait() timed out after ") + std::to_string(timeout.count()) +
+                       " ms; the " + opName_ + " is still running (wait again to see it finish)");
+  }
+  if (exception_) {
+    std::rethrow_exception(exception_);
+  }
+  return true;
+}
+
+bool Work::isCompleted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool Work::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+void Work::addCallback(Callback callback) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(*this);
+}
+
+void Work::finish(std::exception_ptr error) {
+  std::shared_ptr<void> keepAlive;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finishing_) {
+      throw InvalidArgument(std::string("Work::finish called twice for one ") + opName_);
+    }
+    finishing_ = true;
+    keepAlive = std::move(keepAlive_);
+  }
+  // Released outside the lock: releasing a Python buffer may have to take the GIL.
+  keepAlive.reset();
+  std::vector<Callback> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    exception_ = std::move(error);
+    callbacks.swap(callbacks_);
+  }
+  completedCv_.notify_all();
+  for (auto& callback : callbacks) {
+    try {
+      callback(*this);
+    } catch (const std::exception& e) {
+      RINGTREE_WARN("a completion callback of a " << opName_ << " threw; ignored: " << e.what());
+    } catch (...) {
+      RINGTREE_WARN("a completion callback of a " << opName_ << " threw a non-std exception; ignored");
+    }
+  }
+}
+
+}  // namespace ringtree
