@@ -1,0 +1,449 @@
+"""The command line of ``ringtree-bench`` and the tables it is built on: collectives (with
+their bus-bandwidth factors), data types, reductions, and the size sweep.
+
+Standard library only: this module is imported by the orchestrating process, which never
+needs torch, NumPy or mpi4py itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from typing import Callable
+
+__all__ = [
+    "COLLECTIVES",
+    "DTYPES",
+    "REDOPS",
+    "SYSTEMS",
+    "Collective",
+    "DType",
+    "build_parser",
+    "parse_args",
+    "parse_size",
+    "size_sweep",
+    "worker_argv",
+]
+
+PROG = "ringtree-bench"
+SYSTEMS = ("ringtree", "gloo", "mpi")
+REDOPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+_REDOP_ALIASES = {"product": "prod", "mean": "avg"}
+_BITWISE = ("band", "bor", "bxor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One benchmarked collective.
+
+    ``method`` is the torch.distributed function name (``all_reduce``), which is also the
+    operation the system adapters of :mod:`ringtree.bench.systems` implement.
+    ``busbw_factor(n)`` turns algbw into busbw at ``n`` ranks (nccl-tests' factors); it is
+    None for a collective without a payload, whose table shows time only. Sizes are the
+    bytes of the whole array (nccl-tests' S: for all_gather, reduce_scatter and alltoall the
+    concatenation of every rank's part, factor (n-1)/n; for sendrecv, factor 1).
+    """
+
+    name: str
+    method: str
+    busbw_factor: Callable[[int], float] | None
+    uses_redop: bool
+    uses_root: bool
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the collective moves a buffer (and so sweeps sizes and can be checked)."""
+        return self.busbw_factor is not None
+
+
+def _allreduce_factor(world_size: int) -> float:
+    return 2.0 * (world_size - 1) / world_size
+
+
+def _unit_factor(world_size: int) -> float:
+    return 1.0
+
+
+COLLECTIVES = {
+    c.name: c
+    for c in (
+        Collective("allreduce", "all_reduce", _allreduce_factor, uses_redop=True, uses_root=False),
+        Collective("broadcast", "broadcast", _unit_factor, uses_redop=False, uses_root=True),
+        Collective("reduce", "reduce", _unit_factor, uses_redop=True, uses_root=True),
+        Collective("barrier", "barrier", None, uses_redop=False, uses_root=False),
+    )
+}
+# torch.distributed's spelling of each collective, accepted on the command line.
+_COLLECTIVE_ALIASES = {c.method: name for name, c in COLLECTIVES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class DType:
+    """An element type. ``name`` is torch's (``torch.float32``), ``label`` what nccl-tests
+    prints in its ``type`` column. ``exact_max``: every integer in [0, exact_max] is
+    representable (verification data stays below it); ``pow2_max``: the largest k with 2**k
+    representable; ``eps``: the unit roundoff (0 for integers)."""
+
+    name: str
+    label: str
+    itemsize: int
+    is_float: bool
+    exact_max: int
+    pow2_max: int
+    eps: float
+
+
+DTYPES = {
+    d.name: d
+    for d in (
+        DType("float32", "float", 4, True, 2**24, 127, 2.0**-23),
+        DType("float16", "half", 2, True, 2**11, 15, 2.0**-10),
+        DType("bfloat16", "bfloat16", 2, True, 2**8, 127, 2.0**-7),
+        DType("float64", "double", 8, True, 2**53, 1023, 2.0**-52),
+        DType("int8", "int8", 1, False, 2**7 - 1, 6, 0.0),
+        DType("uint8", "uint8", 1, False, 2**8 - 1, 7, 0.0),
+        DType("int32", "int32", 4, False, 2**31 - 1, 30, 0.0),
+        DType("int64", "int64", 8, False, 2**53, 62, 0.0),
+    )
+}
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "f32": "float32",
+    "fp32": "float32",
+    "half": "float16",
+    "f16": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "double": "float64",
+    "f64": "float64",
+    "fp64": "float64",
+    "int": "int32",
+    "long": "int64",
+}
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"8"``, ``"64K"``, ``"64M"``, ``"1G"`` (binary multiples, as in nccl-tests;
+    ``KB``/``KiB`` and lower case are accepted too). Raises ValueError for anything else."""
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (expected e.g. 8, 64K, 64M, 1G)")
+    number, unit = match.groups()
+    return int(number) * _SIZE_UNITS[unit.lower() if unit else None]
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int, itemsize: int) -> list[tuple[int, int]]:
+    """The (bytes, elements) pairs of a sweep: minbytes, minbytes*factor, ... up to maxbytes,
+    each rounded down to whole elements; sizes below one element are dropped and duplicates
+    removed."""
+    if minbytes < 1 or factor < 2:
+        raise ValueError(f"need minbytes >= 1 and factor >= 2, got {minbytes} and {factor}")
+    sweep: list[tuple[int, int]] = []
+    size = minbytes
+    while size <= maxbytes:
+        count = size // itemsize
+        if count and (not sweep or sweep[-1][1] != count):
+            sweep.append((count * itemsize, count))
+        size *= factor
+    return sweep
+
+
+def _size_arg(text: str) -> int:
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return size
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _collectives_arg(text: str) -> list[Collective]:
+    """One positional word: a collective name, or several separated by commas."""
+    found = []
+    for word in filter(None, text.lower().split(",")):
+        name = _COLLECTIVE_ALIASES.get(word, word)
+        if name not in COLLECTIVES:
+            raise argparse.ArgumentTypeError(
+                f"unknown collective {word!r}; expected one of {', '.join(COLLECTIVES)}"
+            )
+        found.append(COLLECTIVES[name])
+    return found
+
+
+def _dtype_arg(text: str) -> DType:
+    name = _DTYPE_ALIASES.get(text.lower(), text.lower())
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown data type {text!r}; expected one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _redop_arg(text: str) -> str:
+    name = _REDOP_ALIASES.get(text.lower(), text.lower())
+    if name not in REDOPS:
+        raise argparse.ArgumentTypeError(f"unknown reduction {text!r}; expected one of {', '.join(REDOPS)}")
+    return name
+
+
+def _systems_arg(text: str) -> list[str]:
+    names = [word for word in text.lower().split(",") if word]
+    for name in names:
+        if name not in SYSTEMS:
+            raise argparse.ArgumentTypeError(
+                f"unknown system {name!r}; expected some of {', '.join(SYSTEMS)}"
+            )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (flags follow nccl-tests where they exist there)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Benchmark collectives nccl-tests style: ringtree, and side by side torch's "
+        "gloo backend and MPI (mpi4py). With --nproc N the command launches N local ranks per "
+        "system itself; without it, it is one rank of a job started by ringtree-run, torchrun "
+        "or mpirun.",
+        epilog="example: ringtree-bench allreduce broadcast barrier --nproc 4 -b 8 -e 64M "
+        "--compare gloo,mpi -c 1 --repeat 3",
+    )
+    parser.add_argument(
+        "collectives",
+        nargs="*",
+        type=_collectives_arg,
+        metavar="COLLECTIVE",
+        help=f"what to benchmark, in order: {', '.join(COLLECTIVES)} (torch names such as "
+        "all_reduce too; several as separate words or comma-separated; default allreduce)",
+    )
+    sizes = parser.add_argument_group("sizes and iterations")
+    sizes.add_argument(
+        "-b",
+        "--minbytes",
+        type=_size_arg,
+        default=8,
+        metavar="SIZE",
+        help="smallest size in bytes, K/M/G suffixes allowed (default 8)",
+    )
+    sizes.add_argument(
+        "-e",
+        "--maxbytes",
+        type=_size_arg,
+        default=64 << 20,
+        metavar="SIZE",
+        help="largest size in bytes (default 64M)",
+    )
+    sizes.add_argument(
+        "-f",
+        "--stepfactor",
+        type=_int_at_least(2),
+        default=2,
+        metavar="F",
+        help="multiply the size by F at each step (default 2)",
+    )
+    sizes.add_argument(
+        "-n",
+        "--iters",
+        type=_int_at_least(1),
+        default=20,
+        metavar="N",
+        help="timed operations per size (default 20)",
+    )
+    sizes.add_argument(
+        "-w",
+        "--warmup_iters",
+        "--warmup-iters",
+        type=_int_at_least(0),
+        default=5,
+        metavar="N",
+        help="untimed operations before them (default 5)",
+    )
+    sizes.add_argument(
+        "--timing",
+        choices=("avg", "median"),
+        default="avg",
+        help="avg: per-rank average over the timed operations, max over ranks (nccl-tests); median: "
+        "each operation timed, the slowest rank's time per operation, median over operations (robust "
+        "to preemption; one more clock read per operation) (default avg)",
+    )
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="1: before timing, run each size once on integer-valued data and count "
+        "the wrong elements (#wrong, exact; 2 ulp for float avg); 0: skip (default 1)",
+    )
+    data.add_argument(
+        "-d",
+        "--datatype",
+        type=_dtype_arg,
+        default=DTYPES["float32"],
+        metavar="TYPE",
+        help=f"element type: {', '.join(DTYPES)} (default float32)",
+    )
+    data.add_argument(
+        "-o",
+        "--op",
+        type=_redop_arg,
+        default="sum",
+        metavar="OP",
+        help=f"reduction: {', '.join(REDOPS)} (default sum)",
+    )
+    data.add_argument(
+        "-r",
+        "--root",
+        type=_int_at_least(0),
+        default=0,
+        metavar="RANK",
+        help="root of broadcast and reduce (default 0)",
+    )
+    systems = parser.add_argument_group("systems and launch")
+    systems.add_argument(
+        "--nproc",
+        type=_int_at_least(1),
+        default=None,
+        metavar="N",
+        help="launch N local ranks per system; without it this process is one "
+        "rank of a job started by a launcher",
+    )
+    systems.add_argument(
+        "--system",
+        choices=SYSTEMS,
+        default=None,
+        help="the system benchmarked (and the numerator of the ratios): default "
+        "ringtree, or mpi when started by mpirun without RANK set",
+    )
+    systems.add_argument(
+        "--compare",
+        type=_systems_arg,
+        default=[],
+        metavar="LIST",
+        help="with --nproc: also run these systems (comma-separated: gloo,mpi) "
+        "on the same sizes and print a side-by-side table",
+    )
+    systems.add_argument(
+        "--repeat",
+        type=_int_at_least(1),
+        default=1,
+        metavar="K",
+        help="with --nproc: run everything K times, systems interleaved, and "
+        "report per-size medians (default 1)",
+    )
+    systems.add_argument(
+        "--algo",
+        default=None,
+        metavar="NAME",
+        help="ringtree only: algorithm (ring, tree, halving_doubling, chain), passed as RINGTREE_ALGO; "
+        "a collective that lacks it keeps its automatic choice",
+    )
+    systems.add_argument(
+        "--transport",
+        choices=("auto", "tcp", "shm"),
+        default=None,
+        help="ringtree only: transport, passed as RINGTREE_TRANSPORT",
+    )
+    systems.add_argument(
+        "--mpirun-args",
+        default="",
+        metavar="ARGS",
+        help="extra arguments for mpirun (one string, split like a shell)",
+    )
+    systems.add_argument(
+        "--timeout",
+        type=_int_at_least(1),
+        default=3600,
+        metavar="S",
+        help="seconds one launch of one system may take, and the timeout of its process group (default 3600)",
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument("-J", "--json", default=None, metavar="FILE", help="write all results as JSON")
+    output.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="with --nproc: plot busbw and time against size (needs matplotlib)",
+    )
+    parser.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the command line (argparse exits with status 2 on errors).
+
+    The result has ``collectives`` as a list of :class:`Collective` (duplicates removed),
+    ``datatype`` as a :class:`DType` and ``compare`` without the primary system.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unique: dict[str, Collective] = {}
+    for group in args.collectives or [[COLLECTIVES["allreduce"]]]:
+        for collective in group:
+            unique.setdefault(collective.name, collective)
+    args.collectives = list(unique.values())
+    if args.maxbytes < args.minbytes:
+        parser.error(f"--maxbytes ({args.maxbytes}) is below --minbytes ({args.minbytes})")
+    if args.op in _BITWISE and args.datatype.is_float:
+        parser.error(f"--op {args.op} needs an integer --datatype, not {args.datatype.name}")
+    if args.nproc is None:
+        for flag, value in (
+            ("--compare", args.compare),
+            ("--plot", args.plot),
+            ("--repeat", args.repeat > 1),
+        ):
+            if value:
+                parser.error(f"{flag} needs --nproc (this process is one rank of a launched job)")
+    elif args.root >= args.nproc:
+        parser.error(f"--root {args.root} is not a rank of --nproc {args.nproc}")
+    if args.system is None:
+        args.system = "mpi" if args.nproc is None and _started_by_mpirun() else "ringtree"
+    args.compare = [name for name in dict.fromkeys(args.compare) if name != args.system]
+    return args
+
+
+def _started_by_mpirun() -> bool:
+    """Whether this process looks like an MPI rank rather than a torch-style one."""
+    env = os.environ
+    return "RANK" not in env and ("OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env)
+
+
+def worker_argv(args: argparse.Namespace, system: str, result_file: str) -> list[str]:
+    """The arguments of ``python -m ringtree.bench`` for one rank of ``system`` launched by
+    the orchestrator, which reads the rows from ``result_file``."""
+    flags = {
+        "-b": args.minbytes,
+        "-e": args.maxbytes,
+        "-f": args.stepfactor,
+        "-n": args.iters,
+        "-w": args.warmup_iters,
+        "--timing": args.timing,
+        "-c": args.check,
+        "-d": args.datatype.name,
+        "-o": args.op,
+        "-r": args.root,
+        "--timeout": args.timeout,
+        "--system": system,
+        "--result-file": result_file,
+    }
+    argv = [",".join(c.name for c in args.collectives)]
+    for flag, value in flags.items():
+        argv += [flag, str(value)]
+    return argv

@@ -1,0 +1,277 @@
+"""The rank side of each benchmarked system: joining the job, allocating buffers, building
+the timed operation, and gathering per-rank results to rank 0.
+
+Every adapter offers the same small surface: ``rank``, ``world_size``, ``new_buffer``,
+``operation(collective, buffer_view, op, root)`` (a zero-argument callable doing one
+blocking, in-place collective, so that the timed loop costs the same for every system),
+``barrier``, ``gather`` (rank 0 gets a list by rank, the others None), ``describe`` and
+``close``. Adding a collective means adding its branch to each ``operation``.
+
+- ringtree: ``ringtree.init_process_group()`` (env://, as set up by ringtree-run), torch
+  CPU tensors (NumPy arrays when torch is missing), results gathered through the group's
+  store so that a wrong ringtree collective cannot corrupt the report.
+- gloo: torch's ``init_process_group("gloo")``, through the orchestrator's TCPStore when
+  ``RINGTREE_BENCH_STORE=host:port`` is set (env:// otherwise, e.g. under torchrun).
+- mpi: mpi4py's ``COMM_WORLD`` with NumPy buffers: ``Allreduce(IN_PLACE)``, ``Bcast``,
+  ``Reduce(IN_PLACE at the root)``, ``Barrier``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from datetime import timedelta
+from typing import Any, Callable
+
+from .options import Collective, DType
+
+__all__ = ["STORE_ENV", "create", "have_torch", "unsupported_reason"]
+
+# Set by the orchestrator for gloo workers: "host:port" of its torch TCPStore.
+STORE_ENV = "RINGTREE_BENCH_STORE"
+
+
+def unsupported_reason(
+    system: str, collective: Collective, dtype: DType, op: str, torch_found: bool
+) -> str | None:
+    """Why ``system`` cannot run ``collective`` with ``dtype``/``op`` (None when it can)."""
+    reduces = collective.uses_redop
+    if system == "mpi":
+        if not collective.has_data:
+            return None
+        if dtype.name == "bfloat16":
+            return "NumPy and MPI have no bfloat16"
+        if reduces and dtype.name == "float16":
+            return "Open MPI has no float16 reductions"
+        if reduces and op == "avg":
+            return "MPI has no AVG reduction"
+    elif system == "gloo":
+        if not torch_found:
+            return "torch is not installed"
+        if reduces and op == "avg" and not dtype.is_float:
+            return "gloo's AVG needs a floating-point type"
+    else:
+        import ringtree
+
+        if not hasattr(ringtree, collective.method):
+            return f"this ringtree has no ringtree.{collective.method}"
+        if dtype.name == "bfloat16" and collective.has_data and not torch_found:
+            return "bfloat16 buffers need torch"
+    return None
+
+
+def have_torch() -> bool:
+    """Whether torch is installed (looked up without importing it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+class RingtreeSystem:
+    """One rank of a ringtree job."""
+
+    name = "ringtree"
+
+    def __init__(self, timeout: timedelta) -> None:
+        import ringtree
+
+        self._rt = ringtree
+        ringtree.init_process_group(timeout=timeout)
+        self.rank = ringtree.get_rank()
+        self.world_size = ringtree.get_world_size()
+        self._store = ringtree.group.WORLD.store
+        self._gathers = 0
+        self._ops = {
+            "sum": ringtree.ReduceOp.SUM,
+            "prod": ringtree.ReduceOp.PRODUCT,
+            "min": ringtree.ReduceOp.MIN,
+            "max": ringtree.ReduceOp.MAX,
+            "avg": ringtree.ReduceOp.AVG,
+            "band": ringtree.ReduceOp.BAND,
+            "bor": ringtree.ReduceOp.BOR,
+            "bxor": ringtree.ReduceOp.BXOR,
+        }
+        self._torch = have_torch()
+
+    def new_buffer(self, dtype: DType, count: int):  # noqa: ANN201
+        from .data import NumpyBuffer, TorchBuffer
+
+        return TorchBuffer(dtype, count) if self._torch else NumpyBuffer(dtype, count)
+
+    def reduce_op(self, op: str) -> Any:
+        return self._ops[op]
+
+    def operation(self, collective: Collective, buf: Any, op: Any, root: int) -> Callable[[], Any]:
+        rt = self._rt
+        if collective.name == "allreduce":
+            return lambda: rt.all_reduce(buf, op=op)
+        if collective.name == "broadcast":
+            return lambda: rt.broadcast(buf, src=root)
+        if collective.name == "reduce":
+            return lambda: rt.reduce(buf, dst=root, op=op)
+        if collective.name == "barrier":
+            return rt.barrier
+        raise ValueError(f"ringtree: no {collective.name}")
+
+    def barrier(self) -> None:
+        self._rt.barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Through the store: each rank sets a key, rank 0 reads them all."""
+        self._gathers += 1
+        prefix = f"ringtree-bench/gather/{self._gathers}/"
+        self._store.set(prefix + str(self.rank), json.dumps(obj))
+        if self.rank != 0:
+            return None
+        return [json.loads(self._store.get(prefix + str(r))) for r in range(self.world_size)]
+
+    def describe(self) -> dict[str, Any]:
+        env = {k: os.environ[k] for k in ("RINGTREE_ALGO", "RINGTREE_TRANSPORT") if k in os.environ}
+        return {
+            "version": f"ringtree {self._rt.__version__}",
+            "buffers": "torch" if self._torch else "numpy",
+            "env": env,
+        }
+
+    def close(self) -> None:
+        self._rt.destroy_process_group()
+
+
+class GlooSystem:
+    """One rank of a torch.distributed job on the gloo backend."""
+
+    name = "gloo"
+
+    def __init__(self, timeout: timedelta) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._torch = torch
+        self._dist = dist
+        spec = os.environ.get(STORE_ENV)
+        if spec:
+            host, _, port = spec.rpartition(":")
+            rank = int(os.environ["RANK"])
+            world_size = int(os.environ["WORLD_SIZE"])
+            store = dist.TCPStore(host, int(port), None, False, timeout=timeout)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._ops = {
+            "sum": dist.ReduceOp.SUM,
+            "prod": dist.ReduceOp.PRODUCT,
+            "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX,
+            "avg": dist.ReduceOp.AVG,
+            "band": dist.ReduceOp.BAND,
+            "bor": dist.ReduceOp.BOR,
+            "bxor": dist.ReduceOp.BXOR,
+        }
+
+    def new_buffer(self, dtype: DType, count: int):  # noqa: ANN201
+        from .data import TorchBuffer
+
+        return TorchBuffer(dtype, count)
+
+    def reduce_op(self, op: str) -> Any:
+        return self._ops[op]
+
+    def operation(self, collective: Collective, buf: Any, op: Any, root: int) -> Callable[[], Any]:
+        dist = self._dist
+        if collective.name == "allreduce":
+            return lambda: dist.all_reduce(buf, op=op)
+        if collective.name == "broadcast":
+            return lambda: dist.broadcast(buf, src=root)
+        if collective.name == "reduce":
+            return lambda: dist.reduce(buf, dst=root, op=op)
+        if collective.name == "barrier":
+            return dist.barrier
+        raise ValueError(f"gloo: no {collective.name}")
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj)
+        return out if self.rank == 0 else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"version": f"torch {self._torch.__version__} gloo", "buffers": "torch", "env": {}}
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+class MpiSystem:
+    """One rank of an MPI job (mpi4py, NumPy buffers). MPI has no timeout: ``timeout``
+    is accepted for a uniform constructor and unused."""
+
+    name = "mpi"
+
+    def __init__(self, timeout: timedelta) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self._comm = MPI.COMM_WORLD
+        self.rank = self._comm.Get_rank()
+        self.world_size = self._comm.Get_size()
+        self._ops = {
+            "sum": MPI.SUM,
+            "prod": MPI.PROD,
+            "min": MPI.MIN,
+            "max": MPI.MAX,
+            "band": MPI.BAND,
+            "bor": MPI.BOR,
+            "bxor": MPI.BXOR,
+        }
+
+    def new_buffer(self, dtype: DType, count: int):  # noqa: ANN201
+        from .data import NumpyBuffer
+
+        return NumpyBuffer(dtype, count)
+
+    def reduce_op(self, op: str) -> Any:
+        if op not in self._ops:
+            raise ValueError(f"MPI has no {op} reduction")
+        return self._ops[op]
+
+    def operation(self, collective: Collective, buf: Any, op: Any, root: int) -> Callable[[], Any]:
+        comm, in_place = self._comm, self._mpi.IN_PLACE
+        if collective.name == "allreduce":
+            return lambda: comm.Allreduce(in_place, buf, op)
+        if collective.name == "broadcast":
+            # As bytes: the same transfer for every element type, float16 included.
+            raw = [buf.view("uint8"), self._mpi.BYTE]
+            return lambda: comm.Bcast(raw, root)
+        if collective.name == "reduce":
+            if self.rank == root:
+                return lambda: comm.Reduce(in_place, buf, op, root)
+            return lambda: comm.Reduce(buf, None, op, root)
+        if collective.name == "barrier":
+            return comm.Barrier
+        raise ValueError(f"mpi: no {collective.name}")
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return self._comm.gather(obj, root=0)
+
+    def describe(self) -> dict[str, Any]:
+        import mpi4py
+
+        library = self._mpi.Get_library_version().splitlines()[0].split(",")[0].strip()
+        return {"version": f"{library}, mpi4py {mpi4py.__version__}", "buffers": "numpy", "env": {}}
+
+    def close(self) -> None:
+        """Nothing to do: mpi4py finalizes MPI at exit."""
+
+
+_SYSTEMS = {cls.name: cls for cls in (RingtreeSystem, GlooSystem, MpiSystem)}
+
+
+def create(name: str, timeout_s: float) -> RingtreeSystem | GlooSystem | MpiSystem:
+    """Join the job of system ``name`` (blocks until every rank has joined)."""
+    return _SYSTEMS[name](timedelta(seconds=timeout_s))

@@ -1,0 +1,472 @@
+"""Tests of the benchmark CLI ``ringtree-bench`` (``python -m ringtree.bench``).
+
+Unit tests cover the command line (size suffixes, sweeps, busbw factors), the tables
+(nccl-tests' format), medians and comparisons, and the verifiable data. End-to-end tests
+run 2-rank jobs of every system installed here on sizes 8 B..64 KiB with ``-c 1`` and
+expect no wrong element; each is bounded by a subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ringtree
+from ringtree.bench import data, options, report, systems
+
+BENCH = [sys.executable, "-m", "ringtree.bench"]
+SMALL = "-b 8 -e 64K -n 2 -w 1 -c 1 --timeout 40".split()
+E2E_TIMEOUT_S = 50
+ALL = ["allreduce", "broadcast", "reduce", "barrier"]
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_MPI = shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
+RINGTREE_READY = all(hasattr(ringtree, name) for name in ("all_reduce", "broadcast", "reduce", "barrier"))
+
+
+def _bench(*argv: str, timeout: float = E2E_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([*BENCH, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+_SIZES = [("8", 8), ("64K", 65536), ("64k", 65536), ("64KB", 65536), ("64KiB", 65536), ("64M", 64 << 20)]
+
+
+@pytest.mark.parametrize(("text", "expected"), [*_SIZES, ("1G", 1 << 30), ("100b", 100), (" 2M ", 2 << 20)])
+def test_parse_size(text, expected):
+    assert options.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5M", "-1", "64X", "64 MBs"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="not a size"):
+        options.parse_size(text)
+
+
+def test_size_sweep_doubles_from_min_to_max():
+    sweep = options.size_sweep(8, 64 << 10, 2, 4)
+    assert sweep[0] == (8, 2)
+    assert sweep[-1] == (65536, 16384)
+    assert len(sweep) == 14
+    assert all(size == count * 4 for size, count in sweep)
+
+
+def test_size_sweep_rounds_to_elements_and_drops_empty_sizes():
+    assert options.size_sweep(4, 32, 2, 8) == [(8, 1), (16, 2), (32, 4)]
+    assert options.size_sweep(10, 100, 3, 4) == [(8, 2), (28, 7), (88, 22)]
+    assert options.size_sweep(1, 4, 2, 8) == []
+
+
+def test_size_sweep_rejects_bad_factor():
+    with pytest.raises(ValueError):
+        options.size_sweep(8, 64, 1, 4)
+
+
+@pytest.mark.parametrize(("world_size", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_busbw_factors(world_size, factor):
+    assert options.COLLECTIVES["allreduce"].busbw_factor(world_size) == factor
+    assert options.COLLECTIVES["broadcast"].busbw_factor(world_size) == 1.0
+    assert options.COLLECTIVES["reduce"].busbw_factor(world_size) == 1.0
+    assert options.COLLECTIVES["barrier"].busbw_factor is None
+    assert not options.COLLECTIVES["barrier"].has_data
+
+
+def test_defaults():
+    args = options.parse_args([])
+    assert [c.name for c in args.collectives] == ["allreduce"]
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (8, 64 << 20, 2)
+    assert (args.iters, args.warmup_iters, args.check, args.root) == (20, 5, 1, 0)
+    assert (args.datatype.name, args.op, args.system, args.compare) == ("float32", "sum", "ringtree", [])
+    assert (args.nproc, args.repeat, args.json, args.plot) == (None, 1, None, None)
+
+
+def test_flags_and_aliases():
+    args = options.parse_args(
+        "all_reduce,broadcast barrier allreduce -b 1K -e 1G -f 4 -n 3 -w 0 -c 0 -d half -o product "
+        "-r 1 --nproc 4 --compare gloo,mpi,ringtree --repeat 3 --algo ring --transport shm".split()
+    )
+    assert [c.name for c in args.collectives] == ["allreduce", "broadcast", "barrier"]
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (1024, 1 << 30, 4)
+    assert (args.iters, args.warmup_iters, args.check) == (3, 0, 0)
+    assert (args.datatype.name, args.datatype.label, args.op, args.root) == ("float16", "half", "prod", 1)
+    assert (args.nproc, args.compare, args.repeat) == (4, ["gloo", "mpi"], 3)
+    assert (args.algo, args.transport) == ("ring", "shm")
+
+
+_BAD_COMMAND_LINES = [
+    "-o band", "-d complex64", "gather", "-b 1M -e 1K", "--compare gloo", "--repeat 2", "--plot x.png",
+    "--nproc 2 -r 2", "-f 1", "-c 2", "--nproc 2 --compare nccl", "-b 0",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", _BAD_COMMAND_LINES)
+def test_bad_command_lines(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        options.parse_args(argv.split())
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_system_defaults_to_mpi_under_mpirun(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert options.parse_args([]).system == "mpi"
+    monkeypatch.setenv("RANK", "0")
+    assert options.parse_args([]).system == "ringtree"
+
+
+def test_worker_argv_round_trips():
+    args = options.parse_args(
+        "reduce broadcast -b 16 -e 4M -f 4 -n 7 -w 2 --timing median -c 0 -d int8 -o max -r 1 --nproc 3 "
+        "--timeout 99".split()
+    )
+    again = options.parse_args(options.worker_argv(args, "gloo", "/tmp/result"))
+    keys = "minbytes maxbytes stepfactor iters warmup_iters timing check datatype op root timeout collectives"
+    for key in keys.split():
+        assert getattr(again, key) == getattr(args, key), key
+    assert (again.system, again.result_file, again.nproc) == ("gloo", "/tmp/result", None)
+
+
+def test_unsupported_combinations():
+    allreduce, broadcast = options.COLLECTIVES["allreduce"], options.COLLECTIVES["broadcast"]
+    f16, f32, i32 = options.DTYPES["float16"], options.DTYPES["float32"], options.DTYPES["int32"]
+    assert "float16" in systems.unsupported_reason("mpi", allreduce, f16, "sum", True)
+    assert systems.unsupported_reason("mpi", broadcast, f16, "sum", True) is None
+    assert "AVG" in systems.unsupported_reason("mpi", allreduce, f32, "avg", True)
+    assert "AVG" in systems.unsupported_reason("gloo", allreduce, i32, "avg", True)
+    assert systems.unsupported_reason("gloo", allreduce, f32, "avg", True) is None
+    assert "torch" in systems.unsupported_reason("gloo", allreduce, f32, "sum", False)
+
+
+# --- rows and tables ---------------------------------------------------------------------
+
+
+def test_row_matches_nccl_tests_format():
+    # The data row of NVIDIA/nccl#1161 (2 ranks, 1 GiB float sum, 9306.7 us).
+    collective = options.COLLECTIVES["allreduce"]
+    row = report.make_row(
+        collective, "float", "sum", 0, 2, 1 << 30, 1 << 28, [[[9306.7e-6], 0], [[9000e-6], 0]]
+    )
+    assert row["time_us"] == pytest.approx(9306.7)
+    assert row["algbw"] == pytest.approx(115.37, abs=0.005)
+    assert row["busbw"] == row["algbw"]
+    expected = "  1073741824     268435456     float     sum      -1   9306.7  115.37  115.37      0"
+    assert report.format_row(row) == expected
+
+
+def test_row_busbw_wrong_and_root():
+    allreduce, broadcast = options.COLLECTIVES["allreduce"], options.COLLECTIVES["broadcast"]
+    row = report.make_row(
+        allreduce, "float", "sum", 3, 4, 4000, 1000, [[[1e-6], 0], [[2e-6], 3], [[1e-6], 0], [[1e-6], 1]]
+    )
+    assert (row["time_us"], row["wrong"], row["root"], row["redop"]) == (pytest.approx(2.0), 4, -1, "sum")
+    assert row["algbw"] == pytest.approx(2.0)
+    assert row["busbw"] == pytest.approx(3.0)
+    row = report.make_row(broadcast, "int8", "max", 3, 4, 100, 100, [[[1e-6], None]] * 4)
+    assert (row["redop"], row["root"], row["wrong"]) == ("none", 3, None)
+    assert report.format_row(row).split()[-1] == "N/A"
+
+
+def test_median_timing_takes_the_slowest_rank_per_operation():
+    per_rank = [[[1e-6, 9e-6, 3e-6, 2e-6], 0], [[4e-6, 1e-6, 1e-6, 5e-6], 0]]
+    collective = options.COLLECTIVES["allreduce"]
+    row = report.make_row(collective, "float", "sum", 0, 2, 8, 2, per_rank, timing="median")
+    assert row["time_us"] == pytest.approx(4.5)  # median of 4, 9, 3, 5
+    assert row["rank_time_us"] == [pytest.approx(3.75), pytest.approx(2.75)]
+    assert report.make_row(collective, "float", "sum", 0, 2, 8, 2, per_rank)["time_us"] == pytest.approx(3.75)
+    header = report.format_header("mpi", collective, 2, {}, 1, "median")
+    assert "median over the timed iterations of the slowest rank" in header[1]
+
+
+def test_barrier_row_is_time_only():
+    row = report.make_row(
+        options.COLLECTIVES["barrier"], "float", "sum", 0, 2, 0, 0, [[[5e-6], None], [[7e-6], None]]
+    )
+    assert (row["algbw"], row["busbw"], row["wrong"]) == (None, None, None)
+    assert report.format_row(row).split() == ["0", "0", "none", "none", "-1", "7.00", "N/A", "N/A", "N/A"]
+
+
+def test_header_columns_line_up_with_rows():
+    collective = options.COLLECTIVES["allreduce"]
+    header = report.format_header(
+        "ringtree", collective, 4, {"version": "ringtree 0.1.0", "buffers": "torch"}, 3
+    )
+    assert "4 ranks, in-place only" in header[0]
+    assert "median of 3 runs" in header[1] and "busbw = algbw x 1.5" in header[1]
+    titles = header[-2]
+    row = report.format_row(report.make_row(collective, "float", "sum", 0, 4, 8, 2, [[[12.34e-6], 0]]))
+    for column in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"):
+        end = titles.index(column) + len(column)
+        assert row[end - 1] != " " and (end == len(row) or row[end] == " "), column
+
+
+def test_footer():
+    rows = [{"wrong": 0, "busbw": 1.0}, {"wrong": 2, "busbw": 3.0}]
+    assert report.format_footer(rows) == ["# Out of bounds values : 2 FAILED", "# Avg bus bandwidth    : 2"]
+    assert report.format_footer([{"wrong": None, "busbw": None}]) == [
+        "# Out of bounds values : N/A (not checked)"
+    ]
+
+
+def _rows(system_times: dict[int, float], wrong: int | None = 0) -> list[dict]:
+    allreduce = options.COLLECTIVES["allreduce"]
+    return [
+        report.make_row(allreduce, "float", "sum", 0, 2, size, size // 4, [[[us * 1e-6], wrong]] * 2)
+        for size, us in system_times.items()
+    ]
+
+
+def test_median_rows():
+    runs = [_rows({8: 10.0, 1024: 100.0}), _rows({8: 30.0, 1024: 50.0}, wrong=1), _rows({8: 20.0})]
+    medians = report.median_rows(runs, 2)
+    assert [(r["size"], r["time_us"], r["wrong"]) for r in medians] == [
+        (8, pytest.approx(20.0), 2),
+        (1024, pytest.approx(75.0), 2),
+    ]
+    assert medians[1]["runs_time_us"] == [pytest.approx(100.0), pytest.approx(50.0)]
+    assert medians[1]["busbw"] == pytest.approx(1024 / 75e-6 / 1e9)
+
+
+def test_comparison_table_ratios():
+    collective = options.COLLECTIVES["allreduce"]
+    results = [
+        ("ringtree", _rows({8: 2.0, 1024: 10.0})),
+        ("gloo", _rows({8: 400.0, 1024: 600.0})),
+        ("mpi", _rows({8: 1.0})),
+    ]
+    entries = report.compare(collective, results)
+    assert entries[0]["ratios"] == {"gloo": pytest.approx(200.0), "mpi": pytest.approx(0.5)}
+    assert entries[1]["ratios"] == {"gloo": pytest.approx(60.0), "mpi": None}
+    lines = report.comparison_table(collective, 2, results)
+    assert "ringtree/gloo" in lines[1] and "ringtree/mpi" in lines[1]
+    assert lines[4].split() == ["8", "0.00", "2.00", "0.00", "400.0", "0.01", "1.00", "200x", "0.50x"]
+    assert lines[5].split()[-2:] == ["60.00x", "-"]
+    assert lines[-1] == "# geometric mean over sizes: ringtree/gloo 110x, ringtree/mpi 0.50x"
+
+
+def test_plot(tmp_path, monkeypatch):
+    path = tmp_path / "bench.png"
+    results = [("ringtree", _rows({8: 2.0, 1024: 10.0})), ("gloo", _rows({8: 400.0, 1024: 500.0}))]
+    allreduce, barrier = options.COLLECTIVES["allreduce"], options.COLLECTIVES["barrier"]
+    assert "nothing to plot" in report.plot(str(path), [barrier], 2, results)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert str(path) in report.plot(str(path), [allreduce, barrier], 2, results)
+        assert path.stat().st_size > 0
+        path.unlink()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert "matplotlib is not installed" in report.plot(str(path), [allreduce], 2, results)
+    assert not path.exists()
+
+
+# --- verifiable data ----------------------------------------------------------------------
+
+_NUMPY_REDUCE = {
+    "sum": np.add,
+    "avg": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+}
+
+
+def _simulate(collective_name: str, dtype_name: str, op: str, world_size: int, count: int, root: int = 0):
+    """Plans of every rank, and each rank's buffer after a correct collective computed in
+    the element type in a scrambled rank order."""
+    collective, dtype = options.COLLECTIVES[collective_name], options.DTYPES[dtype_name]
+    plans = [data.make_plan(collective, dtype, op, root, r, world_size, count) for r in range(world_size)]
+    buffers = [data.NumpyBuffer(dtype, count) for _ in range(world_size)]
+    for buffer, plan in zip(buffers, plans):
+        buffer.write(plan, count)
+    if collective_name == "broadcast":
+        result = buffers[root].array.copy()
+    else:
+        order = [(r + 1) % world_size for r in reversed(range(world_size))]
+        result = None
+        for r in order:
+            values = buffers[r].array
+            result = (
+                values.copy() if result is None else _NUMPY_REDUCE[op](result, values).astype(values.dtype)
+            )
+        if op == "avg":
+            result = (result / world_size).astype(result.dtype)
+    for rank, buffer in enumerate(buffers):
+        if collective_name != "reduce" or rank == root:
+            buffer.array[:] = result
+    return plans, buffers
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+@pytest.mark.parametrize("world_size", [2, 3, 7])
+def test_allreduce_data_is_exact(dtype_name, op, world_size):
+    count = 3000
+    plans, buffers = _simulate("allreduce", dtype_name, op, world_size, count)
+    for plan, buffer in zip(plans, buffers):
+        assert data.count_wrong(buffer, plan, count) == 0
+    assert len(np.unique(plans[0].source)) > 1
+    buffers[1].array[17] += 2
+    buffers[1].array[2999] -= 2
+    assert data.count_wrong(buffers[1], plans[1], count) == 2
+    assert data.count_wrong(buffers[1], plans[1], 17) == 0
+
+
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+def test_bitwise_data(op):
+    plans, buffers = _simulate("allreduce", "int32", op, 4, 1000)
+    assert [data.count_wrong(b, p, 1000) for b, p in zip(buffers, plans)] == [0, 0, 0, 0]
+
+
+def test_sum_stays_exact_at_many_ranks():
+    assert data.sum_bits(options.DTYPES["bfloat16"], 8) == 5
+    assert data.sum_bits(options.DTYPES["int8"], 127) == 1
+    plans, buffers = _simulate("allreduce", "int8", "sum", 16, 500)
+    assert all(data.count_wrong(b, p, 500) == 0 for b, p in zip(buffers, plans))
+
+
+def test_float_nan_counts_as_wrong():
+    plans, buffers = _simulate("allreduce", "float32", "avg", 3, 100)
+    buffers[0].array[5] = np.nan
+    assert data.count_wrong(buffers[0], plans[0], 100) == 1
+
+
+def test_broadcast_data():
+    plans, buffers = _simulate("broadcast", "float16", "sum", 3, 2000, root=1)
+    assert plans[0].source is None and plans[1].source is not None
+    assert all(data.count_wrong(b, p, 2000) == 0 for b, p in zip(buffers, plans))
+    untouched = data.NumpyBuffer(options.DTYPES["float16"], 2000)
+    untouched.write(plans[2], 2000)
+    assert data.count_wrong(untouched, plans[2], 2000) == 2000
+
+
+def test_reduce_checks_the_root_only():
+    plans, buffers = _simulate("reduce", "int64", "sum", 3, 1000, root=2)
+    assert plans[0].expected is None and plans[1].expected is None
+    assert [data.count_wrong(b, p, 1000) for b, p in zip(buffers, plans)] == [0, 0, 0]
+    buffers[2].array[3] = -1
+    assert data.count_wrong(buffers[2], plans[2], 1000) == 1
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_torch_buffer_bfloat16():
+    import torch
+
+    dtype = options.DTYPES["bfloat16"]
+    plans = [data.make_plan(options.COLLECTIVES["allreduce"], dtype, "sum", 0, r, 8, 4096) for r in range(8)]
+    buffers = [data.TorchBuffer(dtype, 4096) for _ in range(8)]
+    for buffer, plan in zip(buffers, plans):
+        buffer.write(plan, 4096)
+    total = torch.stack([b.tensor for b in buffers]).sum(0, dtype=torch.bfloat16)
+    buffers[0].tensor.copy_(total)
+    assert data.count_wrong(buffers[0], plans[0], 4096) == 0
+    buffers[0].tensor[10] += 64
+    assert data.count_wrong(buffers[0], plans[0], 4096) == 1
+
+
+# --- import weight ----------------------------------------------------------------------
+
+
+def test_imports_stay_light():
+    code = (
+        "import sys, ringtree; assert 'ringtree.bench' not in sys.modules; "
+        "import ringtree.bench.cli; "
+        "heavy = {'torch', 'numpy', 'mpi4py'} & set(sys.modules); assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+# --- end to end ---------------------------------------------------------------------------
+
+
+def _check_json(path, system: str, collectives: list[str]) -> dict:
+    document = json.loads(path.read_text())
+    result = document["systems"][system]
+    assert result["status"] == "ok", result["notes"]
+    rows = result["rows"]
+    for name in collectives:
+        mine = [r for r in rows if r["collective"] == name]
+        expected_sizes = [0] if name == "barrier" else [8 << i for i in range(14)]
+        assert [r["size"] for r in mine] == expected_sizes, name
+        assert all(r["time_us"] > 0 for r in mine)
+        if name != "barrier":
+            assert all(r["wrong"] == 0 for r in mine), name
+    return document
+
+
+@pytest.mark.parametrize(
+    "system",
+    [
+        pytest.param("ringtree", marks=pytest.mark.skipif(not RINGTREE_READY, reason="ringtree not built")),
+        # With MPI installed, gloo's end-to-end run is the one of test_compare_prints_side_by_side.
+        pytest.param("gloo", marks=pytest.mark.skipif(HAVE_MPI or not HAVE_TORCH, reason="run by compare")),
+        pytest.param("mpi", marks=pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")),
+    ],
+)
+def test_end_to_end(system, tmp_path):
+    out = tmp_path / "bench.json"
+    timing = "median" if system == "mpi" else "avg"
+    proc = _bench(*ALL, "--nproc", "2", "--system", system, "--timing", timing, *SMALL, "-J", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("# Out of bounds values : 0 OK") == 3
+    assert f"# {system} allreduce, 2 ranks, in-place only" in proc.stdout
+    _check_json(out, system, ALL)
+
+
+@pytest.mark.skipif(not (HAVE_TORCH and HAVE_MPI), reason="needs torch and MPI")
+def test_compare_prints_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _bench(*ALL, "--nproc", "2", "--system", "mpi", "--compare", "gloo", *SMALL, "-J", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = proc.stdout[proc.stdout.index("# broadcast comparison") :].splitlines()
+    assert "mpi/gloo" in table[1]
+    assert [int(line.split()[0]) for line in table[4:18]] == [8 << i for i in range(14)]
+    assert all(line.endswith("x") for line in table[4:18])
+    document = _check_json(out, "gloo", ALL)
+    _check_json(out, "mpi", ALL)
+    assert [c["collective"] for c in document["comparison"]] == ALL
+    assert document["comparison"][1]["sizes"][0]["ratios"]["gloo"] > 0
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
+def test_repeat_reports_medians(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _bench(*"allreduce --nproc 2 --system mpi --repeat 3 -b 1K -e 2K -J".split(), str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("# round ") == 3
+    assert "median of 3 runs" in proc.stdout
+    result = json.loads(out.read_text())["systems"]["mpi"]
+    assert [len(run) for run in result["runs"]] == [2, 2, 2]
+    for row in result["rows"]:
+        assert row["time_us"] == pytest.approx(sorted(row["runs_time_us"])[1])
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
+def test_launched_by_mpirun():
+    # Launcher mode (rank 0 prints the table itself) is the same code for every system.
+    mpirun = "mpirun --allow-run-as-root --oversubscribe -n 2".split()
+    proc = subprocess.run(
+        [*mpirun, *BENCH, *"allreduce -e 1K -n 2".split()],
+        capture_output=True,
+        text=True,
+        timeout=E2E_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# mpi allreduce, 2 ranks" in proc.stdout
+    assert proc.stdout.count("     float     sum      -1") == 8
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
+def test_timeout_stops_the_job():
+    proc = _bench(*"allreduce --nproc 2 --system mpi -b 1K -e 1K -n 100000000 --timeout 1".split())
+    assert proc.returncode == 1
+    assert "# mpi: failed: timed out" in proc.stdout
