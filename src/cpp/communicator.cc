@@ -122,8 +122,10 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                           std::to_string(size));
   }
   const rendezvous::ConnectOptions connectOptions = rendezvous::connectOptionsFrom(options);
-  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions);
-  auto impl = std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs), nullptr);
+  std::shared_ptr<transport::shm::NodeArena> arena;
+  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions, &arena);
+  auto impl =
+      std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs), std::move(arena));
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 

@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,7 +19,9 @@
 #include <ringtree/error.h>
 
 #include "algorithms/reduce_ops.h"
+#include "communicator_impl.h"
 #include "harness/thread_harness.h"
+#include "transport/shm/arena.h"
 
 namespace ringtree {
 namespace {
@@ -111,7 +117,9 @@ std::vector<uint8_t> reduced(const Case& c, int n, double premulFactor) {
   return result;
 }
 
-std::vector<Case> casesFor(int n) {
+// Every case for n ranks; shm adds shm_direct (which needs the node arena that an
+// all-shm communicator has), with one more size that takes two-shot in a single step.
+std::vector<Case> casesFor(int n, TransportKind transport) {
   const DataType types[] = {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
                             DataType::kInt8,    DataType::kUInt8,    DataType::kInt16,   DataType::kInt32,
                             DataType::kInt64,   DataType::kBool,     DataType::kComplex64, DataType::kComplex128};
@@ -119,6 +127,7 @@ std::vector<Case> casesFor(int n) {
                           ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor,    ReduceOp::kPremulSum};
   // {count, maxSegmentBytes}: 0, 1, odd, > a segment, many segments.
   const std::pair<size_t, size_t> sizes[] = {{0, 0}, {1, 0}, {7, 0}, {1023, 0}, {5000, 256}};
+  const bool shm = transport == TransportKind::kShm;
   std::vector<Case> cases;
   for (DataType type : types) {
     for (ReduceOp op : ops) {
@@ -127,6 +136,7 @@ std::vector<Case> casesFor(int n) {
         for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kHalvingDoubling}) {
           cases.push_back({Kind::kAllreduce, a, type, op, count, 0, segment});
         }
+        if (shm) cases.push_back({Kind::kAllreduce, Algorithm::kShmDirect, type, op, count, 0, segment});
         for (Algorithm a : {Algorithm::kTree, Algorithm::kRing}) {
           cases.push_back({Kind::kReduce, a, type, op, count, static_cast<int>(count % n), segment});
         }
@@ -137,6 +147,12 @@ std::vector<Case> casesFor(int n) {
         for (Algorithm a : {Algorithm::kTree, Algorithm::kChain}) {
           cases.push_back({Kind::kBroadcast, a, type, ReduceOp::kSum, count, root, segment});
         }
+        if (shm) cases.push_back({Kind::kBroadcast, Algorithm::kShmDirect, type, ReduceOp::kSum, count, root, segment});
+      }
+    }
+    if (shm) {
+      for (ReduceOp op : ops) {
+        if (isSupported(type, op)) cases.push_back({Kind::kAllreduce, Algorithm::kShmDirect, type, op, 20000, 0, 0});
       }
     }
   }
@@ -189,7 +205,7 @@ class AlgorithmGrid : public ::testing::TestWithParam<std::tuple<TransportKind, 
 
 TEST_P(AlgorithmGrid, EveryCaseIsExact) {
   const auto [transport, n] = GetParam();
-  const std::vector<Case> cases = casesFor(n);
+  const std::vector<Case> cases = casesFor(n, transport);
   test::runCommunicators(n, [&](int, Communicator& comm) {
     for (const Case& c : cases) {
       runCase(comm, c);
@@ -293,6 +309,292 @@ TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     }
   }, test::testOptions(TransportKind::kTcp));
+}
+
+// ---------------------------------------------------------------------------------------
+// shm_direct and the node arena.
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Sets an environment variable for the scope (tests run one at a time).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST(ShmDirect, ArenaExistsExactlyWhenEveryPairIsShm) {
+  for (int n : {2, 3}) {
+    test::runCommunicators(n, [&](int, Communicator& comm) {
+      ASSERT_NE(comm.impl().arena(), nullptr);
+      EXPECT_EQ(comm.impl().arena()->size(), n);
+      EXPECT_EQ(comm.impl().arena()->rank(), comm.rank());
+    }, test::testOptions(TransportKind::kShm));
+  }
+  test::runCommunicators(2, [&](int, Communicator& comm) { EXPECT_EQ(comm.impl().arena(), nullptr); },
+                         test::testOptions(TransportKind::kTcp));
+  test::runCommunicators(1, [&](int, Communicator& comm) { EXPECT_EQ(comm.impl().arena(), nullptr); },
+                         test::testOptions(TransportKind::kShm));
+  {
+    ScopedEnv off("RINGTREE_SHM_ARENA", "0");
+    test::runCommunicators(2, [&](int, Communicator& comm) {
+      EXPECT_EQ(comm.impl().arena(), nullptr);
+      barrier(comm);  // dissemination over the pairs
+    }, test::testOptions(TransportKind::kShm));
+  }
+  {
+    ScopedEnv bad("RINGTREE_SHM_ARENA", "yes");
+    EXPECT_THROW(test::runCommunicators(2, [&](int, Communicator&) {}, test::testOptions(TransportKind::kShm)),
+                 test::RankFailure);
+  }
+}
+
+TEST(ShmDirect, NeedsTheArena) {
+  test::runCommunicators(2, [&](int, Communicator& comm) {
+    std::vector<float> data(4, 1.0f);
+    AllreduceOptions o;
+    o.algorithm = Algorithm::kShmDirect;
+    try {
+      allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+      ADD_FAILURE() << "shm_direct ran without an arena";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(contains(e.what(), "shm_direct needs every rank on one host with shared memory")) << e.what();
+    }
+    BroadcastOptions b;
+    b.algorithm = Algorithm::kShmDirect;
+    EXPECT_THROW(broadcast(comm, data.data(), data.size(), DataType::kFloat32, b), InvalidArgument);
+    ReduceOptions r;
+    r.algorithm = Algorithm::kShmDirect;
+    EXPECT_THROW(reduce(comm, data.data(), data.size(), DataType::kFloat32, r), InvalidArgument);
+    {
+      // Named by RINGTREE_ALGO it is ignored where it cannot run.
+      ScopedEnv algo("RINGTREE_ALGO", "shm_direct");
+      allreduce(comm, data.data(), data.size(), DataType::kFloat32);
+    }
+    EXPECT_EQ(data[0], 2.0f);
+  }, test::testOptions(TransportKind::kTcp));
+  // A single rank needs no arena.
+  test::runCommunicators(1, [&](int, Communicator& comm) {
+    std::vector<float> data(4, 3.0f);
+    AllreduceOptions o;
+    o.algorithm = Algorithm::kShmDirect;
+    allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+    EXPECT_EQ(data[0], 3.0f);
+  }, test::testOptions(TransportKind::kTcp));
+  EXPECT_EQ(parseAlgorithm("shm_direct"), Algorithm::kShmDirect);
+  EXPECT_STREQ(algorithmName(Algorithm::kShmDirect), "shm_direct");
+}
+
+TEST(ShmDirect, BarrierWaitsForEveryRank) {
+  constexpr int kRounds = 200;
+  for (int n : {2, 4, 5}) {
+    std::vector<std::atomic<int>> arrived(kRounds);
+    test::runCommunicators(n, [&](int rank, Communicator& comm) {
+      ASSERT_NE(comm.impl().arena(), nullptr);
+      for (int round = 0; round < kRounds; ++round) {
+        // A different rank is late in each round (sometimes long enough to sleep).
+        if ((round + rank) % n == 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(round % 7 == 0 ? 2000 : 20));
+        }
+        arrived[static_cast<size_t>(round)].fetch_add(1);
+        barrier(comm);
+        ASSERT_EQ(arrived[static_cast<size_t>(round)].load(), n) << "round " << round << " on rank " << rank;
+      }
+    }, test::testOptions(TransportKind::kShm));
+  }
+}
+
+// A random sequence of arena and pair collectives (the same on every rank): arena slots
+// are reused across calls of different kinds and sizes, and ranks run ahead of each other.
+TEST(ShmDirect, MixedSequencesStayExact) {
+  for (int n : {2, 3, 4, 7}) {
+    test::runCommunicators(n, [&](int rank, Communicator& comm) {
+      std::mt19937 random(1234);  // same seed: every rank draws the same calls
+      for (int i = 0; i < 200; ++i) {
+        const size_t counts[] = {0, 1, 5, 1000, 20000, 150000};
+        Case c;
+        const unsigned kind = random() % 5;
+        c.kind = kind < 2 ? Kind::kAllreduce : kind < 4 ? Kind::kBroadcast : Kind::kReduce;
+        c.algorithm = random() % 4 != 0 ? Algorithm::kShmDirect
+                      : c.kind == Kind::kBroadcast ? Algorithm::kChain : Algorithm::kRing;
+        if (c.kind == Kind::kReduce) c.algorithm = Algorithm::kTree;
+        c.type = random() % 2 == 0 ? DataType::kFloat32 : DataType::kInt16;
+        c.op = random() % 2 == 0 ? ReduceOp::kSum : ReduceOp::kMax;
+        c.count = counts[random() % 6];
+        c.root = static_cast<int>(random() % static_cast<unsigned>(n));
+        c.maxSegmentBytes = random() % 3 == 0 ? 4096 : 0;
+        if (random() % 8 == 0) barrier(comm);
+        if ((random() + static_cast<unsigned>(rank)) % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        runCase(comm, c);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }, test::testOptions(TransportKind::kShm));
+  }
+}
+
+// Large enough for two-shot and broadcast to take several steps of half a default slot.
+TEST(ShmDirect, MessagesOfSeveralSlotsAreExact) {
+  for (int n : {2, 3}) {
+    test::runCommunicators(n, [&](int rank, Communicator& comm) {
+      const size_t count = (size_t{5} << 20) / 4 + 3;  // 5 MiB of float32 and 3 elements
+      std::vector<float> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((i + static_cast<size_t>(rank)) % 1000);
+      AllreduceOptions o;
+      o.algorithm = Algorithm::kShmDirect;
+      allreduce(comm, data.data(), count, DataType::kFloat32, o);
+      for (size_t i = 0; i < count; ++i) {
+        float expected = 0;
+        for (int r = 0; r < n; ++r) expected += static_cast<float>((i + static_cast<size_t>(r)) % 1000);
+        ASSERT_EQ(data[i], expected) << "element " << i;
+      }
+      for (size_t i = 0; i < count; ++i) data[i] = rank == 1 ? static_cast<float>(i % 4099) : -1.0f;
+      BroadcastOptions b;
+      b.algorithm = Algorithm::kShmDirect;
+      b.root = 1;
+      broadcast(comm, data.data(), count, DataType::kFloat32, b);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], static_cast<float>(i % 4099)) << "element " << i;
+    }, test::testOptions(TransportKind::kShm));
+  }
+}
+
+// MIN/MAX pick between -0 and +0 by operand order: every part, whichever rank owns it,
+// must be folded in rank order (the other ops may be folded in either order).
+TEST(ShmDirect, MinAndMaxFoldInRankOrder) {
+  for (int n : {2, 3}) {
+    test::runCommunicators(n, [&](int rank, Communicator& comm) {
+      for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+        for (size_t count : {size_t{3}, size_t{40000}}) {  // one-shot, two-shot
+          std::vector<float> data(count, rank % 2 == 0 ? -0.0f : 0.0f);
+          std::vector<float> expected(count, -0.0f);
+          const ReduceFn fn = reduceFunction(DataType::kFloat32, op);
+          for (int r = 1; r < n; ++r) {
+            const std::vector<float> other(count, r % 2 == 0 ? -0.0f : 0.0f);
+            fn(expected.data(), other.data(), count);
+          }
+          AllreduceOptions o;
+          o.algorithm = Algorithm::kShmDirect;
+          o.op = op;
+          allreduce(comm, data.data(), count, DataType::kFloat32, o);
+          ASSERT_EQ(std::memcmp(data.data(), expected.data(), count * sizeof(float)), 0)
+              << reduceOpName(op) << " of " << count << " on rank " << rank << " of " << n;
+        }
+      }
+    }, test::testOptions(TransportKind::kShm));
+  }
+}
+
+void expectMismatchOnBothRanks(const std::function<void(int rank, Communicator&)>& call,
+                               const std::vector<std::string>& expected) {
+  std::vector<std::string> messages(2);
+  test::runCommunicators(2, [&](int rank, Communicator& comm) {
+    try {
+      call(rank, comm);
+      ADD_FAILURE() << "rank " << rank << " did not detect the mismatch";
+    } catch (const CollectiveMismatchError& e) {
+      messages[static_cast<size_t>(rank)] = e.what();
+    }
+    EXPECT_THROW(barrier(comm), Error);  // unusable afterwards
+  }, test::testOptions(TransportKind::kShm, std::chrono::seconds(10)));
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "rank 0") && contains(m, "rank 1")) << m;
+    for (const auto& part : expected) EXPECT_TRUE(contains(m, part)) << m;
+  }
+}
+
+TEST(ShmDirect, MismatchedCollectivesFailOnBothRanksNamingBothCalls) {
+  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+    std::vector<float> data(16, 1.0f);
+    if (rank == 0) {
+      AllreduceOptions o;
+      o.algorithm = Algorithm::kShmDirect;
+      allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+    } else {
+      BroadcastOptions o;
+      o.algorithm = Algorithm::kShmDirect;
+      broadcast(comm, data.data(), data.size(), DataType::kFloat32, o);
+    }
+  }, {"allreduce(seq=1", "broadcast(seq=1", "shm_direct"});
+}
+
+TEST(ShmDirect, CountMismatchIsReported) {
+  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+    std::vector<int32_t> data(16, 1);
+    AllreduceOptions o;
+    o.algorithm = Algorithm::kShmDirect;
+    allreduce(comm, data.data(), rank == 0 ? 16 : 8, DataType::kInt32, o);
+  }, {"count=16", "count=8"});
+}
+
+TEST(ShmDirect, BarrierAgainstAllreduceIsReported) {
+  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+    std::vector<float> data(3, 1.0f);
+    if (rank == 0) {
+      barrier(comm);
+    } else {
+      AllreduceOptions o;
+      o.algorithm = Algorithm::kShmDirect;
+      allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+    }
+  }, {"barrier(seq=1", "allreduce(seq=1"});
+}
+
+// One rank over the arena, the other over the pairs: the arena side sees the other's
+// published call and tells it over the pair.
+TEST(ShmDirect, ArenaAgainstPairAlgorithmIsReported) {
+  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+    std::vector<float> data(64, 1.0f);
+    AllreduceOptions o;
+    o.algorithm = rank == 0 ? Algorithm::kShmDirect : Algorithm::kRing;
+    allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+  }, {"algorithm=shm_direct", "algorithm=ring"});
+}
+
+TEST(ShmDirect, TimeoutNamesTheRankThatDidNotArrive) {
+  test::runCommunicators(3, [&](int rank, Communicator& comm) {
+    if (rank == 0) {
+      // Never enters the collective but stays connected past the others' deadline.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      return;
+    }
+    std::vector<float> data(4, 1.0f);
+    AllreduceOptions o;
+    o.algorithm = Algorithm::kShmDirect;
+    o.timeout = std::chrono::milliseconds(300);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+      ADD_FAILURE() << "no timeout";
+    } catch (const TimeoutError& e) {
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      EXPECT_GE(elapsed, std::chrono::milliseconds(290));
+      EXPECT_LT(elapsed, std::chrono::milliseconds(1000));
+      EXPECT_TRUE(contains(e.what(), "rank 0 (")) << e.what();
+      EXPECT_FALSE(contains(e.what(), rank == 1 ? "rank 2 (" : "rank 1 (")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "allreduce(seq=1")) << e.what();
+    }
+  }, test::testOptions(TransportKind::kShm));
+}
+
+TEST(ShmDirect, PeerThatLeavesFailsTheOthersQuickly) {
+  test::runCommunicators(3, [&](int rank, Communicator& comm) {
+    if (rank == 2) return;  // closes its connections without entering the collective
+    std::vector<float> data(1 << 20, 1.0f);
+    AllreduceOptions o;
+    o.algorithm = Algorithm::kShmDirect;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
+      ADD_FAILURE() << "no error";
+    } catch (const NetworkError& e) {
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+      EXPECT_TRUE(contains(e.what(), "rank 2 (")) << e.what();
+    }
+  }, test::testOptions(TransportKind::kShm));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// allreduce: ring, tree and halving-doubling, all in place and all leaving every rank
-// with bitwise-identical results (each element's final value is computed on one rank,
-// or identically on two ranks by a commutative step, and then copied).
+// allreduce: ring, tree, halving-doubling and shm_direct, all in place and all leaving
+// every rank with bitwise-identical results (each element's final value is computed on
+// one rank, or identically on several ranks by the same steps, and then copied).
 
 #include <cstring>
 
@@ -11,6 +11,7 @@
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
+#include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"
 
 namespace ringtree {
@@ -131,7 +132,8 @@ void allreduce(Communicator& communicator, void* buffer, size_t count, DataType 
     throw InvalidArgument("allreduce: null buffer with count " + std::to_string(count));
   }
   const int n = communicator.size();
-  const Algorithm algorithm = selectAlgorithm(Collective::kAllreduce, options.algorithm, count * elementSize(type), n);
+  const Algorithm algorithm = selectAlgorithm(Collective::kAllreduce, options.algorithm, count * elementSize(type), n,
+                                              communicator.impl().arena() != nullptr);
   runCall(communicator, Collective::kAllreduce, algorithm, type, options.op, count, -1, options.timeout,
           [&](Call& call) {
             if (options.op == ReduceOp::kPremulSum) {
@@ -142,6 +144,11 @@ void allreduce(Communicator& communicator, void* buffer, size_t count, DataType 
               switch (algorithm) {
                 case Algorithm::kRing: ringAllreduce(call, buffer, count, acc, options.maxSegmentBytes); break;
                 case Algorithm::kTree: treeAllreduce(call, buffer, count, acc); break;
+                case Algorithm::kShmDirect:
+                  shmDirectAllreduce(call, buffer, count, fn,
+                                     options.op != ReduceOp::kMin && options.op != ReduceOp::kMax,
+                                     options.maxSegmentBytes);
+                  break;
                 default: halvingDoublingAllreduce(call, buffer, count, acc); break;
               }
             }

@@ -1,12 +1,14 @@
-// broadcast: binomial tree (latency: ceil(log2 n) steps) and a pipelined chain
+// broadcast: binomial tree (latency: ceil(log2 n) steps), a pipelined chain
 // (bandwidth: root -> root+1 -> ... in segments, each rank forwarding segment i while it
-// receives segment i+1).
+// receives segment i+1) and shm_direct (the root writes each piece once into the node
+// arena, every other rank reads it).
 
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
 #include "algorithms/common.h"
 #include "algorithms/selection.h"
+#include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"
 
 namespace ringtree {
@@ -69,13 +71,16 @@ void broadcast(Communicator& communicator, void* buffer, size_t count, DataType 
     throw InvalidArgument("broadcast: null buffer with count " + std::to_string(count));
   }
   const size_t bytes = count * elementSize(type);
-  const Algorithm algorithm = selectAlgorithm(Collective::kBroadcast, options.algorithm, bytes, n);
+  const Algorithm algorithm =
+      selectAlgorithm(Collective::kBroadcast, options.algorithm, bytes, n, communicator.impl().arena() != nullptr);
   runCall(communicator, Collective::kBroadcast, algorithm, type, ReduceOp::kSum, count, options.root,
           options.timeout, [&](Call& call) {
             if (n == 1) {
               return;
             }
-            if (algorithm == Algorithm::kChain) {
+            if (algorithm == Algorithm::kShmDirect) {
+              shmDirectBroadcast(call, buffer, bytes, options.root, options.maxSegmentBytes);
+            } else if (algorithm == Algorithm::kChain) {
               size_t segment = options.maxSegmentBytes > 0 ? options.maxSegmentBytes : kDefaultChainSegmentBytes;
               segment = std::max(call.elementSize, segment / call.elementSize * call.elementSize);
               chainBroadcast(call, buffer, bytes, options.root, segment);

@@ -2,6 +2,7 @@
 
 #include <ringtree/error.h>
 
+#include "algorithms/shm_direct.h"
 #include "common/logging.h"
 
 namespace ringtree::algorithms {
@@ -80,7 +81,9 @@ Call beginCall(Communicator& communicator, Collective collective, Algorithm algo
   envelope.root = root;
   const auto effective = timeout.count() > 0 ? timeout : comm.timeout();
   RINGTREE_DEBUG("rank " << comm.rank() << " starts " << describe(envelope));
-  return Call{comm, envelope, net::deadlineAfter(effective), elementSize(type)};
+  Call call{comm, envelope, net::deadlineAfter(effective), elementSize(type)};
+  announceCall(call);
+  return call;
 }
 
 void failCall(Call& call, std::exception_ptr error) {

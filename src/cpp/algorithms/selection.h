@@ -18,7 +18,14 @@ namespace ringtree::algorithms {
 // (InvalidArgument otherwise); kAuto becomes RINGTREE_ALGO's value when that names an
 // algorithm this collective implements, else the size-based choice below. The choice
 // is logged at debug level (RINGTREE_LOG_LEVEL=debug).
-Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize);
+//
+// hasArena: whether the communicator has a node arena. Every rank agrees on it at
+// rendezvous, so the choice stays the same on all ranks. kShmDirect needs it (or a
+// single rank): asked for explicitly without it, InvalidArgument; named by RINGTREE_ALGO
+// without it, ignored. Barrier returns kShmDirect with an arena, kAuto (dissemination
+// over the pairs) without.
+Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize,
+                          bool hasArena = false);
 
 // Messages up to this size count as small: latency-bound algorithms are chosen.
 constexpr size_t kSmallMessageBytes = 64 << 10;

@@ -17,6 +17,8 @@ std::string logLevel() { return getString("RINGTREE_LOG_LEVEL", "warn"); }
 
 std::string transport() { return getString("RINGTREE_TRANSPORT"); }
 
+std::string shmArena() { return getString("RINGTREE_SHM_ARENA"); }
+
 std::string socketIfname() { return getString("RINGTREE_SOCKET_IFNAME"); }
 
 }  // namespace ringtree::env

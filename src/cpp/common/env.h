@@ -15,12 +15,18 @@ std::string storeToken();
 std::string logLevel();
 
 // RINGTREE_ALGO: algorithm every collective uses instead of the automatic choice, when
-// the collective implements it (ring|tree|halving_doubling|chain). Default: none.
+// the collective implements it (ring|tree|halving_doubling|chain|shm_direct). Default: none.
 std::string algorithm();
 
 // RINGTREE_TRANSPORT: auto|tcp|shm, how a communicator reaches its peers (see
 // CommunicatorOptions::transport, which it replaces when set). Default: unset (empty).
 std::string transport();
+
+// RINGTREE_SHM_ARENA: 0 keeps a communicator from creating the node-wide shared-memory
+// segment (transport/shm/arena.h) that the shm_direct collectives need, 1 (or unset)
+// lets it create one when all its ranks reach each other over shared memory. Any rank
+// that disables it disables it for the whole communicator. Default: unset (empty).
+std::string shmArena();
 
 // RINGTREE_SOCKET_IFNAME: network interface whose address TCP connections between ranks
 // use (e.g. "eth0"), when CommunicatorOptions::interface is empty. Default: unset (empty).

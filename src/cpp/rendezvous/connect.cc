@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/socket.h"
 #include "rendezvous/host_identity.h"
+#include "transport/shm/unix_socket.h"
 
 namespace ringtree::rendezvous {
 
@@ -54,6 +55,28 @@ struct Hello {
   Nonce nonce{};
 };
 static_assert(sizeof(Hello) == 32, "Hello is part of the wire format");
+
+// The node arena's hand-over (see connectFullMesh): rank r > 0 connects to rank 0's
+// shm::Listener and sends an ArenaHello; rank 0 answers with an ArenaGrant carrying the
+// segment's memfd (SCM_RIGHTS). Host byte order.
+constexpr uint32_t kArenaHelloMagic = 0x314e5452;  // "RTN1"
+constexpr uint32_t kArenaGrantMagic = 0x31475452;  // "RTG1"
+
+struct ArenaHello {
+  uint32_t magic = kArenaHelloMagic;
+  int32_t rank = -1;
+  Nonce nonce{};
+};
+static_assert(sizeof(ArenaHello) == 24, "ArenaHello is part of the wire format");
+
+struct ArenaGrant {
+  uint32_t magic = kArenaGrantMagic;
+  int32_t size = 0;
+  uint64_t slotBytes = 0;
+};
+static_assert(sizeof(ArenaGrant) == 16, "ArenaGrant is part of the wire format");
+
+std::string arenaKey(int rank) { return "rt/comm/arena/" + std::to_string(rank); }
 
 // How long an accepted connection may take to send its handshake before it is dropped
 // (a peer sends it right after connecting; this only bounds stray connections).
@@ -252,7 +275,7 @@ class MeshBuilder {
         pairs_(static_cast<size_t>(size)),
         records_(static_cast<size_t>(size)) {}
 
-  std::vector<std::unique_ptr<Pair>> run() {
+  std::vector<std::unique_ptr<Pair>> run(std::shared_ptr<transport::shm::NodeArena>* arena) {
     publish();
     readRecords();
     // Every rank sees every record: incompatible options fail on both sides of the pair
@@ -262,6 +285,11 @@ class MeshBuilder {
     }
     for (int peer = 0; peer < rank_; ++peer) connectToLower(peer);
     acceptFromHigher();
+    if (arena != nullptr && arenaPossible() && voteForArena()) {
+      *arena = rank_ == 0 ? grantArena() : receiveArena();
+      RINGTREE_DEBUG("rank " << rank_ << " maps the node arena: " << size_ << " slots of "
+                             << (*arena)->slotBytes() << " bytes");
+    }
     return std::move(pairs_);
   }
 
@@ -500,6 +528,115 @@ class MeshBuilder {
     RINGTREE_DEBUG("rank " << rank_ << " connected to " << describe(peer, shm));
   }
 
+  // Whether the records alone allow a node arena: one host, shared memory offered and not
+  // excluded by any rank. The same answer on every rank.
+  bool arenaPossible() const {
+    for (const PeerRecord& r : records_) {
+      if (r.transport == TransportKind::kTcp || r.shmName.empty() || !sameHost(r.host, record(0).host)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Whether every rank allows the arena and reaches every peer over shared memory.
+  bool voteForArena() {
+    bool vote = options_.arena;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && std::strcmp(pairs_[static_cast<size_t>(peer)]->kind(), "shm") != 0) vote = false;
+    }
+    store_.set(arenaKey(rank_), Bytes{static_cast<uint8_t>(vote ? 1 : 0)});
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(arenaKey(r));
+    try {
+      store_.wait(keys, remaining());
+    } catch (const StoreError& e) {
+      throw StoreError("rank " + std::to_string(rank_) + ": not every rank said within " +
+                       std::to_string(elapsedMs()) +
+                       " ms whether it can use a node arena (store keys 'rt/comm/arena/<rank>'): " + e.what());
+    }
+    for (const Bytes& value : store_.multiGet(keys)) {
+      if (value != Bytes{1}) return false;
+    }
+    return true;
+  }
+
+  // Rank 0: creates the arena and hands it to every other rank.
+  std::shared_ptr<transport::shm::NodeArena> grantArena() {
+    std::shared_ptr<transport::shm::NodeArena> arena;
+    try {
+      arena = transport::shm::NodeArena::create(size_);
+    } catch (const NetworkError& e) {
+      throw NetworkError("rank 0: cannot create the node arena for " + std::to_string(size_) + " ranks: " + e.what());
+    }
+    const ArenaGrant grant{kArenaGrantMagic, size_, arena->slotBytes()};
+    std::vector<bool> granted(static_cast<size_t>(size_), false);
+    for (int missing = size_ - 1; missing > 0;) {
+      net::Socket socket;
+      try {
+        socket = shm_->accept(deadline_);
+      } catch (const Error& e) {
+        std::vector<int> ranks;
+        for (int r = 1; r < size_; ++r) {
+          if (!granted[static_cast<size_t>(r)]) ranks.push_back(r);
+        }
+        throw NetworkError("rank 0: rank" + std::string(ranks.size() > 1 ? "s " : " ") + rankList(ranks) +
+                           " did not ask for the node arena within " + std::to_string(elapsedMs()) +
+                           " ms: " + e.what());
+      }
+      ArenaHello hello;
+      const net::IoResult io =
+          net::recvAll(socket.fd(), &hello, sizeof(hello), std::min(deadline_, Clock::now() + kHelloTimeout));
+      if (!io.ok() || hello.magic != kArenaHelloMagic || hello.nonce != nonce_ || hello.rank <= 0 ||
+          hello.rank >= size_ || granted[static_cast<size_t>(hello.rank)]) {
+        RINGTREE_DEBUG("rank 0: rejecting a node arena request without a valid handshake");
+        continue;
+      }
+      const net::IoResult sent =
+          transport::shm::sendWithDescriptor(socket.fd(), &grant, sizeof(grant), arena->descriptor(), deadline_);
+      if (!sent.ok()) {
+        throw NetworkError("rank 0: handing the node arena to " + describe(hello.rank, true) +
+                           " failed: " + sent.describe());
+      }
+      granted[static_cast<size_t>(hello.rank)] = true;
+      --missing;
+    }
+    arena->closeDescriptor();
+    return arena;
+  }
+
+  // Rank > 0: asks rank 0 for the arena and maps it.
+  std::shared_ptr<transport::shm::NodeArena> receiveArena() {
+    const std::string peer = describe(0, true);
+    std::string error;
+    net::Socket socket = transport::shm::connect(record(0).shmName, deadline_, &error);
+    if (!socket.valid()) {
+      throw NetworkError("rank " + std::to_string(rank_) + " cannot ask " + peer + " for the node arena: " + error);
+    }
+    ArenaHello hello;
+    hello.rank = rank_;
+    hello.nonce = nonce_;
+    net::IoResult io = net::sendAll(socket.fd(), &hello, sizeof(hello), deadline_);
+    ArenaGrant grant;
+    transport::shm::Ancillary ancillary;
+    if (io.ok()) io = transport::shm::recvWithDescriptor(socket.fd(), &grant, sizeof(grant), deadline_, &ancillary);
+    if (!io.ok()) {
+      throw NetworkError("rank " + std::to_string(rank_) + ": receiving the node arena from " + peer +
+                         " failed: " + io.describe());
+    }
+    if (grant.magic != kArenaGrantMagic || grant.size != size_ || !ancillary.descriptor.valid() ||
+        ancillary.extraDescriptors != 0) {
+      throw NetworkError("rank " + std::to_string(rank_) + ": " + peer +
+                         " answered the node arena request with something other than one arena of " +
+                         std::to_string(size_) + " slots");
+    }
+    try {
+      return transport::shm::NodeArena::attach(std::move(ancillary.descriptor), rank_, size_, grant.slotBytes);
+    } catch (const Error& e) {
+      throw NetworkError("rank " + std::to_string(rank_) + ": cannot map the node arena of " + peer + ": " + e.what());
+    }
+  }
+
   // A connection accepted on the TCP listener whose handshake is still arriving.
   struct Pending {
     net::Socket socket;
@@ -680,14 +817,19 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options) {
     throw InvalidArgument("RINGTREE_TRANSPORT must be auto, tcp or shm (got '" + transport + "')");
   }
   result.interface = options.interface.empty() ? env::socketIfname() : options.interface;
+  const std::string arena = env::shmArena();
+  if (!arena.empty() && arena != "0" && arena != "1") {
+    throw InvalidArgument("RINGTREE_SHM_ARENA must be 0 or 1 (got '" + arena + "')");
+  }
+  result.arena = arena != "0";
   result.timeout = options.timeout;
   return result;
 }
 
-std::vector<std::unique_ptr<Pair>> connectFullMesh(Store& store, int rank, int size,
-                                                   const ConnectOptions& options) {
+std::vector<std::unique_ptr<Pair>> connectFullMesh(Store& store, int rank, int size, const ConnectOptions& options,
+                                                   std::shared_ptr<transport::shm::NodeArena>* arena) {
   if (size == 1) return std::vector<std::unique_ptr<Pair>>(1);
-  return MeshBuilder(store, rank, size, options).run();
+  return MeshBuilder(store, rank, size, options).run(arena);
 }
 
 }  // namespace ringtree::rendezvous

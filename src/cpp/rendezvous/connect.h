@@ -9,6 +9,7 @@
 #include <ringtree/store/store.h>
 
 #include "transport/pair.h"
+#include "transport/shm/arena.h"
 #include "transport/shm/device.h"
 #include "transport/tcp/device.h"
 
@@ -27,11 +28,14 @@ struct ConnectOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   transport::tcp::PairOptions tcp;
   transport::shm::PairOptions shm;
+  // Whether this rank lets the communicator have a node arena (see connectFullMesh).
+  bool arena = true;
 };
 
 // options with the environment applied: RINGTREE_TRANSPORT (auto|tcp|shm) replaces the
-// transport, RINGTREE_SOCKET_IFNAME fills an empty interface. Throws InvalidArgument for
-// an unknown RINGTREE_TRANSPORT value or a negative timeout.
+// transport, RINGTREE_SOCKET_IFNAME fills an empty interface, RINGTREE_SHM_ARENA=0 clears
+// arena. Throws InvalidArgument for an unknown RINGTREE_TRANSPORT value, a
+// RINGTREE_SHM_ARENA other than 0 or 1, or a negative timeout.
 ConnectOptions connectOptionsFrom(const CommunicatorOptions& options);
 
 // Collective over `size` ranks sharing store: returns one connected pair per peer, indexed
@@ -57,7 +61,16 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options);
 // (rank, host, pid, address:port) and the interface when a connection cannot be made or
 // shared memory is required but impossible, InvalidArgument when the ranks disagree on
 // the world size or ask for incompatible transports (one tcp, the other shm).
-std::vector<std::unique_ptr<transport::Pair>> connectFullMesh(Store& store, int rank, int size,
-                                                              const ConnectOptions& options);
+//
+// Node arena (when `arena` is not null; size > 1): if every record names one host and
+// offers shared memory and none asks for tcp, the ranks then vote through the store
+// ("arena/<rank>": 1 when options.arena is set and every one of its pairs is shm). When
+// all vote 1, rank 0 creates a NodeArena and hands its memfd to every other rank over a
+// fresh connection to its shm::Listener (a handshake with the nonce, then the segment
+// with SCM_RIGHTS); *arena receives it on every rank. Otherwise *arena stays null on
+// every rank. Failures throw as above (NetworkError naming rank 0 for the hand-over).
+std::vector<std::unique_ptr<transport::Pair>> connectFullMesh(
+    Store& store, int rank, int size, const ConnectOptions& options,
+    std::shared_ptr<transport::shm::NodeArena>* arena = nullptr);
 
 }  // namespace ringtree::rendezvous

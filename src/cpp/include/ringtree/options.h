@@ -11,12 +11,18 @@ namespace ringtree {
 // transport (algorithms/selection.h); RINGTREE_ALGO=<name> replaces kAuto for every call.
 // A collective given an algorithm it does not implement throws InvalidArgument.
 //
-//   allreduce: ring, tree, halving_doubling (recursive doubling below a segment)
-//   broadcast: tree (binomial), chain (pipelined)
+//   allreduce: ring, tree, halving_doubling (recursive doubling below a segment),
+//              shm_direct (one-shot or two-shot through the node arena)
+//   broadcast: tree (binomial), chain (pipelined), shm_direct (root writes, all read)
 //   reduce:    tree (binomial), ring (reduce-scatter + gather)
-enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain };
+//
+// shm_direct runs over a segment shared by every rank of the communicator, which exists
+// only when all ranks are on one host and reach each other over shared memory
+// (RINGTREE_SHM_ARENA=0 disables it); elsewhere asking for it throws InvalidArgument.
+// With that segment, barrier runs over it too.
+enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain, kShmDirect };
 
-// "auto", "ring", "tree", "halving_doubling", "chain".
+// "auto", "ring", "tree", "halving_doubling", "chain", "shm_direct".
 RINGTREE_API const char* algorithmName(Algorithm algorithm);
 // Inverse of algorithmName; throws InvalidArgument naming the valid names.
 RINGTREE_API Algorithm parseAlgorithm(const char* name);

@@ -1,0 +1,208 @@
+#include "transport/shm/arena.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <new>
+#include <string>
+#include <utility>
+
+#include <ringtree/error.h>
+
+namespace ringtree::transport::shm {
+
+namespace {
+
+// How arena segments appear in /proc/<pid>/maps ("/memfd:ringtree-arena (deleted)").
+constexpr const char* kSegmentName = "ringtree-arena";
+// First word of the header ("rtarena1" in ASCII, little-endian).
+constexpr uint64_t kArenaMagic = 0x31616e6572617472ULL;
+// Bumped on any change to the layout or the protocol of arena.h.
+constexpr uint32_t kArenaVersion = 1;
+constexpr size_t kPageBytes = 4096;
+// Control blocks start on their own line after the header.
+constexpr size_t kControlOffset = 256;
+constexpr size_t kControlBlockBytes = 256;
+
+// Written once by rank 0 before the segment is shared; read-only afterwards.
+struct Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t size;
+  uint64_t slotBytes;
+  uint64_t slotOffset;
+};
+static_assert(sizeof(Header) <= kControlOffset, "the header fits before the control blocks");
+
+size_t roundUp(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+size_t slotOffsetFor(int size) {
+  return roundUp(kControlOffset + static_cast<size_t>(size) * kControlBlockBytes, kPageBytes);
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a futex word is a plain uint32_t");
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+// One rank's control block. The hot line changes with every step and call; the cold line
+// only when the rank goes to sleep or wakes, so that a publisher's check of the peers'
+// cold lines after every step hits its own cache. 128 bytes apart: the adjacent-line
+// prefetcher does not pair them.
+struct NodeArena::ControlBlock {
+  // Hot line.
+  std::atomic<uint32_t> step;  // the futex word; last published step
+  // Fingerprint of the call the rank is in (a seqlock; see publishCall): [0] sequence,
+  // 0 while being rewritten; [1] count; [2] operation | root << 32; [3] dataType |
+  // reduceOp << 8.
+  std::atomic<uint64_t> call[4];
+  // Cold line: 1 + the rank whose counter this rank sleeps on; 0 when awake.
+  alignas(128) std::atomic<uint32_t> sleepingOn;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory words must be lock-free (address-free)");
+
+NodeArena::NodeArena(Segment segment, int rank, int size, size_t slotBytes, size_t slotOffset)
+    : segment_(std::move(segment)),
+      rank_(rank),
+      size_(size),
+      slotBytes_(slotBytes),
+      slots_(segment_.data() + slotOffset),
+      pageWritten_(slotBytes / kPieceAlignment),
+      pageStep_(slotBytes / kPieceAlignment) {}
+
+NodeArena::~NodeArena() = default;
+
+NodeArena::ControlBlock& NodeArena::block(int rank) const {
+  static_assert(sizeof(ControlBlock) == kControlBlockBytes, "control block layout");
+  return *reinterpret_cast<ControlBlock*>(segment_.data() + kControlOffset +
+                                          static_cast<size_t>(rank) * kControlBlockBytes);
+}
+
+std::shared_ptr<NodeArena> NodeArena::create(int size, size_t slotBytes) {
+  if (size < 1) throw InvalidArgument("NodeArena::create: size must be >= 1, got " + std::to_string(size));
+  slotBytes = std::max({slotBytes, kMinSlotBytes, size_t{256} * static_cast<size_t>(size)});
+  slotBytes = roundUp(slotBytes, kPageBytes);
+  const size_t slotOffset = slotOffsetFor(size);
+  if (slotBytes > (SIZE_MAX - slotOffset) / static_cast<size_t>(size)) {
+    throw InvalidArgument("NodeArena::create: " + std::to_string(size) + " slots of " + std::to_string(slotBytes) +
+                          " bytes do not fit in memory");
+  }
+  Segment segment = Segment::create(kSegmentName, slotOffset + static_cast<size_t>(size) * slotBytes);
+  new (segment.data()) Header{kArenaMagic, kArenaVersion, static_cast<uint32_t>(size), slotBytes, slotOffset};
+  for (int r = 0; r < size; ++r) {
+    new (segment.data() + kControlOffset + static_cast<size_t>(r) * kControlBlockBytes) ControlBlock();
+  }
+  return std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), 0, size, slotBytes, slotOffset));
+}
+
+std::shared_ptr<NodeArena> NodeArena::attach(net::Socket descriptor, int rank, int size, size_t slotBytes) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw InvalidArgument("NodeArena::attach: rank " + std::to_string(rank) + " is not in [0, " +
+                          std::to_string(size) + ")");
+  }
+  const size_t slotOffset = slotOffsetFor(size);
+  if (slotBytes < kMinSlotBytes || slotBytes % kPageBytes != 0 ||
+      slotBytes > (SIZE_MAX - slotOffset) / static_cast<size_t>(size)) {
+    throw NetworkError("the node arena's slot size " + std::to_string(slotBytes) + " is invalid");
+  }
+  Segment segment = Segment::map(std::move(descriptor), slotOffset + static_cast<size_t>(size) * slotBytes);
+  const auto* header = reinterpret_cast<const Header*>(segment.data());
+  if (header->magic != kArenaMagic || header->version != kArenaVersion ||
+      header->size != static_cast<uint32_t>(size) || header->slotBytes != slotBytes ||
+      header->slotOffset != slotOffset) {
+    throw NetworkError("the node arena segment does not hold an arena (version " + std::to_string(kArenaVersion) +
+                       ") of " + std::to_string(size) + " slots of " + std::to_string(slotBytes) + " bytes");
+  }
+  return std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), rank, size, slotBytes, slotOffset));
+}
+
+size_t NodeArena::reserve(size_t bytes) {
+  const size_t length = roundUp(bytes, kPieceAlignment);
+  if (cursor_ + length > slotBytes_) cursor_ = 0;
+  const size_t offset = cursor_;
+  cursor_ += length;
+  return offset;
+}
+
+bool NodeArena::claim(size_t offset, size_t bytes, uint32_t step, uint32_t* previous) {
+  bool found = false;
+  for (size_t page = offset / kPieceAlignment; page * kPieceAlignment < offset + bytes; ++page) {
+    if (pageWritten_[page] != 0 && (!found || reached(pageStep_[page], *previous))) {
+      *previous = pageStep_[page];
+      found = true;
+    }
+    pageWritten_[page] = 1;
+    pageStep_[page] = step;
+  }
+  return found;
+}
+
+uint32_t NodeArena::publish() {
+  const uint32_t step = step_ + 1;
+  ControlBlock& mine = block(rank_);
+  mine.step.store(step, std::memory_order_seq_cst);
+  step_ = step;
+  const uint32_t me = static_cast<uint32_t>(rank_) + 1;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && block(r).sleepingOn.load(std::memory_order_seq_cst) == me) {
+      futex(&mine.step, FUTEX_WAKE, INT_MAX, nullptr);
+      break;
+    }
+  }
+  return step;
+}
+
+uint32_t NodeArena::peerStep(int rank) const { return block(rank).step.load(std::memory_order_acquire); }
+
+void NodeArena::publishCall(const Envelope& envelope) {
+  std::atomic<uint64_t>* call = block(rank_).call;
+  call[0].store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  call[1].store(envelope.count, std::memory_order_relaxed);
+  call[2].store(uint64_t{envelope.operation} | uint64_t{static_cast<uint32_t>(envelope.root)} << 32,
+                std::memory_order_relaxed);
+  call[3].store(uint64_t{envelope.dataType} | uint64_t{envelope.reduceOp} << 8, std::memory_order_relaxed);
+  call[0].store(envelope.sequence, std::memory_order_release);
+}
+
+bool NodeArena::peerCall(int rank, Envelope* envelope) const {
+  const std::atomic<uint64_t>* call = block(rank).call;
+  const uint64_t sequence = call[0].load(std::memory_order_acquire);
+  const uint64_t count = call[1].load(std::memory_order_relaxed);
+  const uint64_t operationRoot = call[2].load(std::memory_order_relaxed);
+  const uint64_t typeOp = call[3].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (sequence == 0 || call[0].load(std::memory_order_relaxed) != sequence) return false;
+  *envelope = Envelope{};
+  envelope->sequence = sequence;
+  envelope->count = count;
+  envelope->operation = static_cast<uint32_t>(operationRoot);
+  envelope->root = static_cast<int32_t>(static_cast<uint32_t>(operationRoot >> 32));
+  envelope->dataType = static_cast<uint8_t>(typeOp);
+  envelope->reduceOp = static_cast<uint8_t>(typeOp >> 8);
+  return true;
+}
+
+void NodeArena::sleepWhile(int rank, uint32_t seen, std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  ControlBlock& mine = block(rank_);
+  std::atomic<uint32_t>& word = block(rank).step;
+  mine.sleepingOn.store(static_cast<uint32_t>(rank) + 1, std::memory_order_seq_cst);
+  if (word.load(std::memory_order_seq_cst) == seen) {
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+    const timespec relative{static_cast<time_t>(seconds.count()), static_cast<long>((timeout - seconds).count())};
+    // EAGAIN (the value changed), EINTR and ETIMEDOUT all return to the caller's checks.
+    futex(&word, FUTEX_WAIT, seen, &relative);
+  }
+  mine.sleepingOn.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace ringtree::transport::shm
