@@ -276,3 +276,4 @@ def test_get_node_local_rank(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert ringtree.get_node_local_rank() == 1
     assert os.environ["LOCAL_RANK"] == "1"
+

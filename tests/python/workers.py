@@ -78,3 +78,38 @@ def get_missing_key(rank: int, world_size: int, timeout_ms: int) -> dict:
 
 def env_snapshot(rank: int, world_size: int) -> dict:
     return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+
+
+def algorithm_choice(rank: int, world_size: int, port: int) -> dict:
+    """Each collective with every algorithm it implements, chosen per call; a wrong one
+    raises ValueError before any data moves."""
+    from array import array
+
+    store = ringtree.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=20))
+    ringtree.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=20))
+    results = {}
+    for algorithm in ("ring", "tree", "halving_doubling", "shm_direct"):
+        data = array("d", [rank + 1.0] * 1000)
+        ringtree.all_reduce(data, algorithm=algorithm)
+        results[f"all_reduce/{algorithm}"] = data[0] == world_size * (world_size + 1) / 2
+    for algorithm in ("tree", "chain", "shm_direct"):
+        data = array("d", [float(rank)] * 1000)
+        ringtree.broadcast(data, src=world_size - 1, algorithm=algorithm)
+        results[f"broadcast/{algorithm}"] = data[999] == world_size - 1
+    for algorithm in ("tree", "ring"):
+        data = array("d", [rank + 1.0] * 1000)
+        ringtree.reduce(data, dst=0, algorithm=algorithm)
+        results[f"reduce/{algorithm}"] = data[0] == (world_size * (world_size + 1) / 2 if rank == 0 else rank + 1.0)
+    errors = []
+    for call in (lambda d: ringtree.all_reduce(d, algorithm="chain"),
+                 lambda d: ringtree.reduce(d, dst=0, algorithm="nonsense"),
+                 lambda d: ringtree.broadcast(d, src=0, algorithm="ring")):
+        data = array("d", [1.0])
+        try:
+            call(data)
+        except ValueError as exc:
+            errors.append(str(exc))
+    ringtree.barrier()  # nothing was sent by the refused calls: the group still works
+    ringtree.destroy_process_group()
+    return {"results": results, "errors": errors}

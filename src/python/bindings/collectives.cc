@@ -99,6 +99,17 @@ void destroyProcessGroup(ProcessGroup* group) {
   }
 }
 
+// The `algorithm=` keyword of the Python collectives: None keeps the automatic choice.
+Algorithm parseAlgorithmArgument(py::handle algorithm) {
+  if (algorithm.is_none()) {
+    return Algorithm::kAuto;
+  }
+  if (!py::isinstance<py::str>(algorithm)) {
+    throw py::type_error(std::string("algorithm must be a str or None, got ") + Py_TYPE(algorithm.ptr())->tp_name);
+  }
+  return parseAlgorithm(algorithm.cast<std::string>().c_str());
+}
+
 // Runs a collective on `buffer`: if asyncOp, queued with the buffer as its keep-alive
 // (returns the Work); else on this thread with the GIL released (returns None).
 template <typename SyncCall, typename AsyncCall>
@@ -116,8 +127,9 @@ py::object run(Buffer& buffer, bool asyncOp, const SyncCall& syncCall, const Asy
   return py::none();
 }
 
-py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp) {
+py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm) {
   AllreduceOptions options;
+  options.algorithm = parseAlgorithmArgument(algorithm);
   parseReduceOp(op, options.op, options.premulFactor);
   Buffer buffer(tensor, Access::kReadWrite, "all_reduce");
   return run(
@@ -127,8 +139,9 @@ py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool
       });
 }
 
-py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp) {
+py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp, py::handle algorithm) {
   BroadcastOptions options;
+  options.algorithm = parseAlgorithmArgument(algorithm);
   options.root = root;
   // The root only reads its buffer.
   Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast");
@@ -139,8 +152,10 @@ py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyn
       });
 }
 
-py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle op, bool asyncOp) {
+py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle op, bool asyncOp,
+                  py::handle algorithm) {
   ReduceOptions options;
+  options.algorithm = parseAlgorithmArgument(algorithm);
   options.root = root;
   parseReduceOp(op, options.op, options.premulFactor);
   Buffer buffer(tensor, Access::kReadWrite, "reduce");
@@ -228,10 +243,13 @@ or the buffer protocol, used in place.)")
            }),
            py::arg("communicator"))
       .def("allreduce", &allreduce, py::arg("tensor"), py::arg("op"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
            "In place: tensor <- op over every rank's tensor. Returns a Work if async_op, else None.")
       .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
            "In place: tensor <- root's tensor (root is a group rank).")
       .def("reduce", &reduce, py::arg("tensor"), py::arg("root"), py::arg("op"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
            "In place on root: tensor <- op over every rank's tensor; the others' are left unchanged.")
       .def("barrier", &barrier, py::arg("timeout"), py::arg("async_op"),
            "Returns once every rank entered the barrier (timeout: timedelta or None for the group's).")

@@ -55,7 +55,12 @@ def _group_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, n
 
 
 def all_reduce(
-    tensor: Any, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None, async_op: bool = False
+    tensor: Any,
+    op: Any = ReduceOp.SUM,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    algorithm: str | None = None,
 ) -> Work | None:
     """Reduces the tensor data across all ranks so that all get the final result.
 
@@ -70,6 +75,10 @@ def all_reduce(
         group (ProcessGroup, optional): The process group to work on. If None, the
             default process group is used.
         async_op (bool, optional): Whether this op should be an async op.
+        algorithm (str, optional): ringtree extension, keyword only: run this call with
+            the named algorithm instead of the automatic choice (``"ring"``, ``"tree"``,
+            ``"halving_doubling"``, ``"chain"``, ``"shm_direct"``; each collective accepts
+            the ones it implements, see docs/architecture.md). Every rank must pass the same.
 
     Returns:
         Async work handle, if async_op is set to True.
@@ -79,7 +88,7 @@ def all_reduce(
         group = world.default_pg
         if group is None:
             raise ValueError(_NOT_INITIALIZED)
-    return group._engine.allreduce(tensor, op, async_op)
+    return group._engine.allreduce(tensor, op, async_op, algorithm)
 
 
 def broadcast(
@@ -88,6 +97,8 @@ def broadcast(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     group_src: int | None = None,
+    *,
+    algorithm: str | None = None,
 ) -> Work | None:
     """Broadcasts the tensor to the whole group.
 
@@ -103,6 +114,10 @@ def broadcast(
         async_op (bool, optional): Whether this op should be an async op.
         group_src (int): Source rank on ``group``. Must specify one of ``group_src`` and
             ``src`` but not both.
+        algorithm (str, optional): ringtree extension, keyword only: run this call with
+            the named algorithm instead of the automatic choice (``"ring"``, ``"tree"``,
+            ``"halving_doubling"``, ``"chain"``, ``"shm_direct"``; each collective accepts
+            the ones it implements, see docs/architecture.md). Every rank must pass the same.
 
     Returns:
         Async work handle, if async_op is set to True.
@@ -111,7 +126,7 @@ def broadcast(
     if group is None:
         group = _default_group()
     root = _group_rank(group, src, group_src, "src")
-    return group._engine.broadcast(tensor, root, async_op)
+    return group._engine.broadcast(tensor, root, async_op, algorithm)
 
 
 def reduce(
@@ -121,6 +136,8 @@ def reduce(
     group: ProcessGroup | None = None,
     async_op: bool = False,
     group_dst: int | None = None,
+    *,
+    algorithm: str | None = None,
 ) -> Work | None:
     """Reduces the tensor data across all ranks; only the process with rank ``dst`` gets
     the result (the others' tensors are left unchanged).
@@ -135,6 +152,10 @@ def reduce(
         async_op (bool, optional): Whether this op should be an async op.
         group_dst (int): Destination rank on ``group``. Must specify one of ``group_dst``
             and ``dst`` but not both.
+        algorithm (str, optional): ringtree extension, keyword only: run this call with
+            the named algorithm instead of the automatic choice (``"ring"``, ``"tree"``,
+            ``"halving_doubling"``, ``"chain"``, ``"shm_direct"``; each collective accepts
+            the ones it implements, see docs/architecture.md). Every rank must pass the same.
 
     Returns:
         Async work handle, if async_op is set to True.
@@ -143,7 +164,7 @@ def reduce(
     if group is None:
         group = _default_group()
     root = _group_rank(group, dst, group_dst, "dst")
-    return group._engine.reduce(tensor, root, op, async_op)
+    return group._engine.reduce(tensor, root, op, async_op, algorithm)
 
 
 def barrier(
