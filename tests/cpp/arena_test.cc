@@ -25,6 +25,7 @@
 #include <ringtree/store/file_store.h>
 
 #include "communicator_impl.h"
+#include "harness/process_harness.h"
 #include "transport/shm/arena.h"
 
 namespace ringtree {
@@ -34,6 +35,8 @@ using namespace std::chrono_literals;
 using transport::Envelope;
 using transport::shm::NodeArena;
 using Clock = std::chrono::steady_clock;
+using test::ChildResult;
+using test::runProcesses;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -187,77 +190,6 @@ TEST(NodeArena, SleeperWakesWhenThePeerPublishes) {
 
 // ---------------------------------------------------------------------------------------
 // Processes.
-
-struct ChildResult {
-  bool exited = false;  // by exit(), not a signal
-  int code = -1;
-  int signal = 0;
-  std::string message;  // what the child reported: its error, or what fn returned
-};
-
-// Forks `size` children meeting through a FileStore in a fresh directory; child r runs
-// fn(r, store) and exits 0 reporting fn's result, or 1 reporting the error. afterFork(pids)
-// runs in the parent once all are started. Children still running after `timeout` are
-// killed. Must be called with no other thread running in this process.
-std::vector<ChildResult> runProcesses(int size, const std::function<std::string(int, std::shared_ptr<Store>)>& fn,
-                                      const std::function<void(const std::vector<pid_t>&)>& afterFork = {},
-                                      std::chrono::milliseconds timeout = 30s) {
-  char directory[] = "/tmp/ringtree_arena_test.XXXXXX";
-  if (::mkdtemp(directory) == nullptr) throw std::runtime_error("mkdtemp failed");
-  const std::string path = std::string(directory) + "/store";
-  std::vector<pid_t> pids;
-  std::vector<int> pipes;
-  for (int rank = 0; rank < size; ++rank) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      ::close(fds[0]);
-      std::string message;
-      int code = 0;
-      try {
-        message = fn(rank, std::make_shared<FileStore>(path, -1, std::chrono::seconds(20)));
-      } catch (const std::exception& e) {
-        message = e.what();
-        code = 1;
-      }
-      for (size_t done = 0; done < message.size();) {
-        const ssize_t n = ::write(fds[1], message.data() + done, message.size() - done);
-        if (n <= 0) break;
-        done += static_cast<size_t>(n);
-      }
-      ::_exit(code);
-    }
-    ::close(fds[1]);
-    pids.push_back(pid);
-    pipes.push_back(fds[0]);
-  }
-  if (afterFork) afterFork(pids);
-  std::vector<ChildResult> results(static_cast<size_t>(size));
-  const auto deadline = Clock::now() + timeout;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t pid = pids[static_cast<size_t>(rank)];
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) != pid) {
-      if (Clock::now() > deadline) ::kill(pid, SIGKILL);
-      std::this_thread::sleep_for(2ms);
-    }
-    ChildResult& r = results[static_cast<size_t>(rank)];
-    r.exited = WIFEXITED(status);
-    r.code = r.exited ? WEXITSTATUS(status) : -1;
-    r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    char buffer[4096];
-    ssize_t n = 0;
-    while ((n = ::read(pipes[static_cast<size_t>(rank)], buffer, sizeof(buffer))) > 0) {
-      r.message.append(buffer, static_cast<size_t>(n));
-    }
-    ::close(pipes[static_cast<size_t>(rank)]);
-  }
-  std::filesystem::remove_all(directory);
-  return results;
-}
 
 CommunicatorOptions shmOptions() {
   CommunicatorOptions options;

@@ -28,6 +28,8 @@
 #include <ringtree/store/prefix_store.h>
 #include <ringtree/store/tcp_store.h>
 
+#include "harness/process_harness.h"
+
 namespace ringtree {
 namespace {
 
@@ -69,29 +71,7 @@ std::string messageOf(Fn&& fn) {
   return {};
 }
 
-// A fresh temporary directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "ringtree_store_test.XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      throw std::runtime_error("mkdtemp failed for " + pattern);
-    }
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 // Two clients of the same data: store, the one under test, and other, a second client
 // object (the same object for stores that live in one object). other is destroyed first.

@@ -36,6 +36,7 @@
 
 #include "common/socket.h"
 #include "communicator_impl.h"
+#include "harness/process_harness.h"
 #include "harness/thread_harness.h"
 #include "transport/pair.h"
 
@@ -44,7 +45,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using test::ChildResult;
 using test::RankFailure;
+using test::runProcesses;
 using test::runCommunicators;
 using test::runOnThreads;
 using test::testOptions;
@@ -760,91 +763,6 @@ TEST(Rendezvous, StrayConnectionsAreRejected) {
 
 // ---------------------------------------------------------------------------------------
 // Processes: forked children meeting through a FileStore.
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ringtree_transport_test.XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-struct ChildResult {
-  bool exited = false;  // by exit(), not a signal
-  int code = -1;
-  int signal = 0;
-  std::string message;  // what the child reported: its error, or what fn returned
-};
-
-// Forks `size` children; child r runs fn(r, store) on a FileStore shared through a
-// temporary directory and exits 0 (reporting fn's result) or 1 (reporting the error).
-// Children still running after `timeout` are killed. Must be called with no other
-// thread running in this process.
-std::vector<ChildResult> runProcesses(int size, const std::function<std::string(int, std::shared_ptr<Store>)>& fn,
-                                      std::chrono::milliseconds timeout = 20s) {
-  TempDir dir;
-  const std::string path = (dir.path() / "store").string();
-  std::vector<pid_t> pids;
-  std::vector<int> pipes;
-  for (int rank = 0; rank < size; ++rank) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      ::close(fds[0]);
-      std::string message;
-      int code = 0;
-      try {
-        message = fn(rank, std::make_shared<FileStore>(path, -1, std::chrono::seconds(20)));
-      } catch (const std::exception& e) {
-        message = e.what();
-        code = 1;
-      }
-      for (size_t done = 0; done < message.size();) {
-        const ssize_t n = ::write(fds[1], message.data() + done, message.size() - done);
-        if (n <= 0) break;
-        done += static_cast<size_t>(n);
-      }
-      ::_exit(code);
-    }
-    ::close(fds[1]);
-    pids.push_back(pid);
-    pipes.push_back(fds[0]);
-  }
-  std::vector<ChildResult> results(static_cast<size_t>(size));
-  const auto deadline = Clock::now() + timeout;
-  for (int rank = 0; rank < size; ++rank) {
-    int status = 0;
-    for (;;) {
-      const pid_t done = ::waitpid(pids[static_cast<size_t>(rank)], &status, WNOHANG);
-      if (done == pids[static_cast<size_t>(rank)]) break;
-      if (Clock::now() > deadline) ::kill(pids[static_cast<size_t>(rank)], SIGKILL);
-      std::this_thread::sleep_for(2ms);
-    }
-    ChildResult& r = results[static_cast<size_t>(rank)];
-    r.exited = WIFEXITED(status);
-    r.code = r.exited ? WEXITSTATUS(status) : -1;
-    r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    char buf[4096];
-    ssize_t n = 0;
-    while ((n = ::read(pipes[static_cast<size_t>(rank)], buf, sizeof(buf))) > 0) r.message.append(buf, static_cast<size_t>(n));
-    ::close(pipes[static_cast<size_t>(rank)]);
-  }
-  return results;
-}
 
 class ProcessTest : public ::testing::TestWithParam<std::tuple<TransportKind, int>> {};
 
