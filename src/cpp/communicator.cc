@@ -9,6 +9,7 @@
 
 #include <ringtree/error.h>
 
+#include "common/cpu.h"
 #include "communicator_impl.h"
 #include "rendezvous/connect.h"
 
@@ -29,13 +30,6 @@ constexpr int kPauseIterations = 16;
 // Longest single poll() sleep, so that a missed wake-up costs at most this much.
 constexpr int kMaxSleepMs = 100;
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Progresses every pair of busy and drops those that became idle.
 void progressAll(std::vector<transport::Pair*>* busy) {

@@ -20,6 +20,7 @@
 
 #include "algorithms/reduce_ops.h"
 #include "communicator_impl.h"
+#include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "transport/shm/arena.h"
 
@@ -316,17 +317,7 @@ TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// Sets an environment variable for the scope (tests run one at a time).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using test::ScopedEnv;
 
 TEST(ShmDirect, ArenaExistsExactlyWhenEveryPairIsShm) {
   for (int n : {2, 3}) {

@@ -29,6 +29,7 @@
 #include <ringtree/store/tcp_store.h>
 
 #include "harness/process_harness.h"
+#include "harness/test_util.h"
 
 namespace ringtree {
 namespace {
@@ -56,21 +57,8 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// Runs fn, which must throw E; returns the message (empty after recording a failure).
-template <typename E, typename Fn>
-std::string messageOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw an exception of another type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
 
+using test::messageOf;
 using test::TempDir;
 
 // Two clients of the same data: store, the one under test, and other, a second client

@@ -22,11 +22,13 @@
 
 #include "common/socket.h"
 #include "store/tcp_store_protocol.h"
+#include "harness/test_util.h"
 
 namespace ringtree {
 namespace {
 
 namespace proto = tcp_store_protocol;
+using test::ScopedEnv;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
@@ -482,30 +484,6 @@ TEST(TcpStoreServer, TokenPresentedToServerWithoutTokenIsRefused) {
   expectRefused(server->port(), "unexpected");
 }
 
-// Sets an environment variable for one scope, restoring the previous state after it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    hadOld_ = old != nullptr;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (hadOld_) {
-      ::setenv(name_, old_.c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool hadOld_ = false;
-};
 
 TEST(TcpStoreServer, TokenFromEnvironment) {
   std::unique_ptr<TcpStore> server;

@@ -37,6 +37,7 @@
 #include "common/socket.h"
 #include "communicator_impl.h"
 #include "harness/process_harness.h"
+#include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "transport/pair.h"
 
@@ -46,6 +47,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using test::ChildResult;
+using test::messageOf;
+using test::ScopedEnv;
 using test::RankFailure;
 using test::runProcesses;
 using test::runCommunicators;
@@ -133,20 +136,6 @@ void waitAll(Communicator& c, const std::vector<Pair*>& pairs, std::chrono::mill
   c.impl().waitIdle(pairs, net::deadlineAfter(timeout));
 }
 
-// Runs fn, which must throw E; returns the exception's message ("" after a failure).
-template <typename E, typename Fn>
-std::string messageOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw an exception of another type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
 
 // Waits until another rank's thread sets flag; throws after timeout (that thread failed).
 void waitForFlag(const std::atomic<bool>& flag, std::chrono::milliseconds timeout = 20s) {
@@ -212,31 +201,6 @@ void expectKinds(Communicator& c, TransportKind kind) {
   }
 }
 
-// Sets an environment variable for the lifetime of the object (set before ranks start,
-// restored after they are joined: getenv is not safe against a concurrent setenv).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    hadOld_ = old != nullptr;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (hadOld_) {
-      ::setenv(name_, old_.c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool hadOld_ = false;
-};
 
 // inout[i] += in[i] over int32 elements.
 void sumInt32(void* inout, const void* in, size_t count) {

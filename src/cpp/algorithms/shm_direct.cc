@@ -11,6 +11,7 @@
 
 #include <ringtree/error.h>
 
+#include "common/cpu.h"
 #include "transport/shm/arena.h"
 
 namespace ringtree::algorithms {
@@ -60,13 +61,6 @@ size_t oneShotLimit(int worldSize) {
   return size_t{16} << 10;
 }
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Whether pair's connection reports a hang-up (the peer closed it or died). Never blocks.
 bool hungUp(transport::Pair& pair) {
