@@ -16,6 +16,16 @@ constexpr uint16_t kMismatchNotice = 1;
 // How long a rank that detected a mismatch tries to deliver its notice.
 constexpr std::chrono::milliseconds kNoticeTimeout(1000);
 
+// A failure's text with the call it happened in: transports describe their operation in
+// their own terms (bytes, raw envelope fields); this names the collective.
+std::string inCall(const Call& call, const std::string& what) {
+  const std::string description = describe(call.envelope);
+  if (what.find(description) != std::string::npos) {
+    return what;  // already says it (the arena algorithms do)
+  }
+  return what + " [in " + description + "]";
+}
+
 std::string timeoutText(std::chrono::milliseconds timeout) { return std::to_string(timeout.count()) + " ms"; }
 
 }  // namespace
@@ -108,9 +118,16 @@ void failCall(Call& call, std::exception_ptr error) {
     }
     call.comm.markBroken(message);
     throw CollectiveMismatchError(message);
+  } catch (const NetworkError& e) {
+    const std::string message = inCall(call, e.what());
+    call.comm.markBroken(message);
+    throw NetworkError(message);
+  } catch (const TimeoutError& e) {
+    const std::string message = inCall(call, e.what());
+    call.comm.markBroken(message);
+    throw TimeoutError(message);
   } catch (const std::exception& e) {
-    call.comm.markBroken(std::string(collectiveName(static_cast<Collective>(call.envelope.operation >> 8))) +
-                         " (seq " + std::to_string(call.envelope.sequence) + ") failed: " + e.what());
+    call.comm.markBroken(inCall(call, e.what()));
     throw;
   }
 }
