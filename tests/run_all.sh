@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ringtree's test command: builds and runs the C++ tests (ctest), then the Python tests
+# ringtree's test command: builds and runs the C++ tests (ctest), checks the installed C++
+# SDK with a consumer project (tests/cmake/check_consumer.sh), then runs the Python tests
 # against the installed package. Needs GoogleTest, cmake, ninja and an installed ringtree
 # (pip install ".[test]"); .ci/run installs all of it on a clean machine.
 set -euo pipefail
@@ -10,6 +11,9 @@ cmake -S . -B "$build_dir" -G Ninja -DRINGTREE_BUILD_TESTS=ON -DRINGTREE_BUILD_P
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build_dir" -j 2
 ctest --test-dir "$build_dir" --output-on-failure --timeout 180
+
+# The C++ SDK as a user consumes it: install, find_package / add_subdirectory, run (~1 min).
+tests/cmake/check_consumer.sh
 
 # The source tree is not on sys.path from here, so the installed package is what runs.
 python -m pytest tests/python -q "$@"
