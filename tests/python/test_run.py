@@ -521,3 +521,20 @@ def test_launcher_imports_nothing_heavy():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_quickstart_example_runs():
+    """The README's Quickstart: two ranks, a real all_reduce and broadcast."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "allreduce.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ringtree.run", "--nproc-per-node", "2", str(example)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    assert lines == [
+        "rank 0/2: all_reduce -> [3.0, 3.0, 3.0, 3.0] (expected 3.0 each)",
+        "rank 0/2: broadcast from rank 0 -> 42",
+        "rank 1/2: all_reduce -> [3.0, 3.0, 3.0, 3.0] (expected 3.0 each)",
+        "rank 1/2: broadcast from rank 0 -> 42",
+    ], proc.stdout
