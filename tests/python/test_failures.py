@@ -39,6 +39,9 @@ except Exception as exc:  # reported to the test
     result = {"error": type(exc).__name__, "message": str(exc), "bases": [c.__name__ for c in type(exc).__mro__]}
 result["elapsed"] = time.monotonic() - start
 print("RESULT " + json.dumps(result), flush=True)
+# Stay connected a while, so that a peer still waiting reaches its own deadline instead
+# of seeing this rank leave.
+time.sleep(float(os.environ["LINGER"]))
 os._exit(0)
 """
 
@@ -53,7 +56,8 @@ def _run(world_size: int, victim: int, mode: str, transport: str, group_timeout:
     for rank in range(world_size):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(agent.port), RINGTREE_USE_AGENT_STORE="1", RINGTREE_TRANSPORT=transport,
-                   FAILURE_MODE=mode, VICTIM=str(victim), GROUP_TIMEOUT=str(group_timeout))
+                   FAILURE_MODE=mode, VICTIM=str(victim), GROUP_TIMEOUT=str(group_timeout),
+                   LINGER="0" if mode == "kill" else "2")
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     results = []
