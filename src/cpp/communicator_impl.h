@@ -35,7 +35,6 @@ class CommunicatorImpl {
 
   // The connection to peer (peer != rank()).
   transport::Pair& pair(int peer) { return *pairs_.at(static_cast<size_t>(peer)); }
-  bool hasPair(int peer) const { return pairs_.at(static_cast<size_t>(peer)) != nullptr; }
 
   // Drives progress() on each pair until all are idle. Spins for a short while, then
   // sleeps in poll() on the pairs' wait descriptors (so oversubscribed ranks give the
