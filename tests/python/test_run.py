@@ -84,7 +84,6 @@ class Job:
         self.out.mkdir()
         self.env = dict(os.environ, TEST_OUT=str(self.out))
         self.env.pop("OMP_NUM_THREADS", None)
-        # Buffered stdout writes whole lines, so the lines of several ranks do not mix.
         self.env.pop("PYTHONUNBUFFERED", None)
         self._popens: list[subprocess.Popen] = []
 
@@ -204,7 +203,7 @@ def test_parse_args_rejects(argv, capsys):
 ENV_NAMES = [
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "RINGTREE_USE_AGENT_STORE", "OMP_NUM_THREADS",
+    "RINGTREE_USE_AGENT_STORE", "OMP_NUM_THREADS", "PYTHONUNBUFFERED",
 ]  # fmt: skip
 
 ENV_WORKER = f"""
@@ -232,10 +231,38 @@ def test_worker_environment(job, nproc):
             LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
             ROLE_NAME="default", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc),
             MASTER_ADDR="127.0.0.1", RINGTREE_USE_AGENT_STORE="1", OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
         )  # fmt: skip
         assert report["argv"] == ["--flag", "-x", "value"]
         assert f"stdout of rank {rank}\n" in result.stdout
         assert f"stderr of rank {rank}\n" in result.stderr
+
+
+PIECEWISE_WORKER = """
+import time
+for line in range(20):
+    for piece in ("rank", f" {RANK}", f" line {line}", "\\n"):
+        os.write(1, piece.encode())
+        os.write(2, piece.encode())
+        time.sleep(0.001)
+os.write(1, f"unfinished last line of rank {RANK}".encode())
+"""
+
+
+@pytest.mark.parametrize("nproc", [3])
+def test_lines_of_workers_never_mix(job, nproc):
+    # Each worker writes every line in four pieces, to both streams, while the others do
+    # the same: the launcher writes through whole lines only.
+    script = job.script(PIECEWISE_WORKER)
+    result = job.run("--nproc-per-node", str(nproc), str(script))
+    assert result.returncode == 0, result.stderr
+    expected = {f"rank {r} line {i}" for r in range(nproc) for i in range(20)}
+    assert set(result.stderr.splitlines()) >= expected
+    stdout_lines = result.stdout.splitlines()
+    assert set(stdout_lines) - expected == {
+        f"unfinished last line of rank {r}" for r in range(nproc)
+    }, result.stdout
+    assert len(stdout_lines) == len(expected) + nproc
 
 
 def test_node_rank_offsets_ranks_and_keeps_omp_num_threads(job):
@@ -528,7 +555,7 @@ def test_quickstart_example_runs():
     example = Path(__file__).resolve().parents[2] / "examples" / "python" / "allreduce.py"
     proc = subprocess.run(
         [sys.executable, "-m", "ringtree.run", "--nproc-per-node", "2", str(example)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     assert proc.returncode == 0, proc.stderr
     lines = sorted(proc.stdout.splitlines())

@@ -19,13 +19,13 @@ every node has reported (at most 5 minutes), then exits with 1 if a node reporte
 Each worker gets a copy of the launcher's environment plus ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_NAME``,
 ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``RINGTREE_USE_AGENT_STORE=1`` and ``OMP_NUM_THREADS=1`` unless already set. The global
-rank is ``node_rank * nproc_per_node + local_rank``.
+``RINGTREE_USE_AGENT_STORE=1``, and ``OMP_NUM_THREADS=1`` and ``PYTHONUNBUFFERED=1``
+unless already set. The global rank is ``node_rank * nproc_per_node + local_rank``.
 
-Workers run in their own process groups. Python workers run without ``-u``: set
-``PYTHONUNBUFFERED=1`` to have stdout unbuffered when it is not a terminal. Their stdout
-is inherited; their stderr is streamed through to the launcher's stderr while its last
-lines are kept for the failure report. When a worker fails (non-zero exit or killed by a
+Workers run in their own process groups. Their stdout and stderr are pipes the launcher
+reads and writes through to its own stdout and stderr in whole lines, so the lines of
+several workers never mix (whatever their buffering); the last lines of each worker's
+stderr are kept for the failure report. When a worker fails (non-zero exit or killed by a
 signal) the others get SIGTERM, then SIGKILL after a grace period; the launcher reports
 the first failure (rank, pid, exit code or signal, stderr tail) and exits with that
 worker's exit code (1 when it was killed by a signal). SIGINT, SIGTERM, SIGHUP and
@@ -58,12 +58,13 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 _GRACE_PERIOD_S = 3.0
 # Upper bound on one wait of the monitor loop; exits and signals wake it earlier.
 _MONITOR_WAKE_S = 1.0
-# Seconds to wait for a worker's stderr pipe to reach end of file after the worker exited
-# (a process that escaped the worker's process group may hold it open).
-_STDERR_DRAIN_S = 1.0
-_STDERR_TAIL_LINES = 40
-# Bytes kept of a last line that has no newline yet.
-_STDERR_MAX_PARTIAL = 8192
+# Seconds to wait for a worker's output pipes to reach end of file after the worker
+# exited (a process that escaped the worker's process group may hold them open).
+_DRAIN_S = 1.0
+# Lines of a failed worker's stderr shown in the failure report.
+_TAIL_LINES = 40
+# A line without newline is written through once it is this long.
+_MAX_PARTIAL_LINE = 65536
 _READ_CHUNK = 65536
 _PROG = "ringtree-run"
 # Multi-node jobs: the launcher on node rank 0 keeps the store up until the launchers of
@@ -216,8 +217,6 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
     """The command line every worker runs."""
     if args.no_python:
         return [args.training_script, *args.training_script_args]
-    # Not "-u" (torchrun's choice): Python's own buffering writes whole lines at once
-    # (stderr always, stdout on a terminal), so the lines of several ranks never mix.
     command = [sys.executable]
     if args.module:
         command.append("-m")
@@ -245,12 +244,13 @@ def _worker_env(args: argparse.Namespace, local_rank: int, master_port: int) -> 
         RINGTREE_USE_AGENT_STORE="1",
     )
     env.setdefault("OMP_NUM_THREADS", "1")
+    # The launcher forwards whole lines, so unbuffered output shows at once without mixing.
+    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
-def _stderr_writer():
-    """Return a function writing bytes to ``sys.stderr`` at once (its buffer when it has one)."""
-    stream = sys.stderr
+def _stream_writer(stream):
+    """Return a function writing bytes to ``stream`` at once (its buffer when it has one)."""
     buffer = getattr(stream, "buffer", None)
     if buffer is not None:
 
@@ -277,35 +277,45 @@ def _describe_status(status: int) -> str:
         return f"killed by signal {-status}"
 
 
-class _StderrTail(threading.Thread):
-    """Reads a worker's stderr pipe until end of file, writing every chunk through to the
-    launcher's stderr and keeping the last lines. Write errors (closed stderr) stop the
-    write-through but not the reading, so the worker never blocks on a full pipe."""
+class _LineForwarder(threading.Thread):
+    """Reads one output pipe of a worker until end of file and writes it through to the
+    launcher's stream in whole lines, so the lines of several workers never mix, whatever
+    the workers' buffering. A line longer than _MAX_PARTIAL_LINE is written in pieces; an
+    unfinished last line is written at end of file, with a newline so that no other output
+    joins it. Keeps the last lines for the failure report. Write errors (closed stream)
+    stop the write-through but not the reading, so the worker never blocks on a full pipe."""
 
     def __init__(self, pipe, write) -> None:
         super().__init__(daemon=True)
         self._pipe = pipe
         self._write = write
         self._lock = threading.Lock()
-        self._lines: collections.deque[bytes] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._lines: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)
         self._partial = b""
+
+    def _forward(self, data: bytes) -> None:
+        if self._write is not None and data:
+            try:
+                self._write(data)
+            except (OSError, ValueError):
+                self._write = None
 
     def run(self) -> None:
         fd = self._pipe.fileno()
-        write = self._write
         while True:
             chunk = os.read(fd, _READ_CHUNK)
             if not chunk:
                 break
-            if write is not None:
-                try:
-                    write(chunk)
-                except (OSError, ValueError):
-                    write = None
+            data = self._partial + chunk
+            end = data.rfind(b"\n") + 1
+            if end == 0 and len(data) >= _MAX_PARTIAL_LINE:
+                end = len(data)
+            self._forward(data[:end])
             with self._lock:
-                *lines, partial = (self._partial + chunk).split(b"\n")
-                self._lines.extend(lines)
-                self._partial = partial[-_STDERR_MAX_PARTIAL:]
+                self._lines.extend(data[:end].splitlines())
+                self._partial = data[end:]
+        if self._partial:
+            self._forward(self._partial + b"\n")
         self._pipe.close()
 
     def tail(self) -> list[str]:
@@ -314,18 +324,21 @@ class _StderrTail(threading.Thread):
             lines = list(self._lines)
             if self._partial:
                 lines.append(self._partial)
-        lines = lines[-_STDERR_TAIL_LINES:]
+        lines = lines[-_TAIL_LINES:]
         return [line.decode(errors="replace").rstrip("\r") for line in lines]
 
 
 class _Worker:
     """One worker process, the leader of its own process group (pgid == pid)."""
 
-    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, tail: _StderrTail):
+    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen) -> None:
         self.rank = rank
         self.local_rank = local_rank
         self.proc = proc
-        self.tail = tail
+        self.stdout = _LineForwarder(proc.stdout, _stream_writer(sys.stdout))
+        self.stderr = _LineForwarder(proc.stderr, _stream_writer(sys.stderr))
+        self.stdout.start()
+        self.stderr.start()
         # Popen.returncode convention (negative: killed by that signal); None while running.
         self.status: int | None = None
 
@@ -425,8 +438,10 @@ class _Launcher:
             # Every worker is dead and reaped before the store (a local) goes away.
             for worker in self._workers:
                 worker.reap()
+            drain_deadline = time.monotonic() + _DRAIN_S
             for worker in self._workers:
-                worker.tail.join(_STDERR_DRAIN_S)
+                for forwarder in (worker.stdout, worker.stderr):
+                    forwarder.join(max(0.0, drain_deadline - time.monotonic()))
         if args.nnodes == 1 or self._signals:
             return code
         if store is None:
@@ -439,7 +454,6 @@ class _Launcher:
         a signal arrived; stop the rest in the last two cases. Returns the exit code."""
         args = self._args
         command = _worker_command(args)
-        write = _stderr_writer()
         for local_rank in range(args.nproc_per_node):
             if self._signals:
                 break
@@ -447,6 +461,7 @@ class _Launcher:
                 proc = subprocess.Popen(
                     command,
                     env=_worker_env(args, local_rank, master_port),
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
                 )
@@ -454,10 +469,8 @@ class _Launcher:
                 _print(f"cannot start local rank {local_rank} ({command[0]}): {exc}")
                 self._stop(signal.SIGTERM)
                 return 1
-            tail = _StderrTail(proc.stderr, write)
-            tail.start()
             rank = args.node_rank * args.nproc_per_node + local_rank
-            self._workers.append(_Worker(rank, local_rank, proc, tail))
+            self._workers.append(_Worker(rank, local_rank, proc))
 
         failures: list[_Worker] = []
         while not self._signals:
@@ -564,8 +577,8 @@ class _Launcher:
                 f"  also failed: global rank {other.rank} (local rank {other.local_rank}, "
                 f"pid {other.pid}): {_describe_status(other.status)}"
             )
-        first.tail.join(_STDERR_DRAIN_S)
-        tail = first.tail.tail()
+        first.stderr.join(_DRAIN_S)
+        tail = first.stderr.tail()
         if tail:
             lines.append(f"  last {len(tail)} line(s) of global rank {first.rank}'s stderr:")
             lines.extend(f"    {line}" for line in tail)
