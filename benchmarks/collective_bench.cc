@@ -1,7 +1,8 @@
 // Collective latency and bandwidth through the public C++ API, nccl-tests style: one row
 // per size with time, algbw and busbw, and #wrong from a checked run. Rank 0 prints.
 //
-// Usage: collective_bench [allreduce|broadcast|reduce|barrier] [options]
+// Usage: collective_bench [allreduce|broadcast|reduce|barrier|allgather|gather|scatter|
+//                          reduce_scatter|alltoall] [options]
 //   --nproc N          fork N local ranks that meet through a FileStore in a temporary
 //                      directory; without it, this process is one rank of a job started by
 //                      ringtree-run --no-python (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
@@ -13,13 +14,18 @@
 //                      count the wrong elements over all ranks (default 1)
 //   -d TYPE            float32, float64, int8, uint8, int32, int64 (default float32)
 //   -o OP              sum, prod, min, max, avg (default sum)
-//   -r RANK            root of broadcast and reduce (default 0)
+//   -r RANK            root of broadcast, reduce, gather and scatter (default 0)
 //   --algo NAME        an algorithm of <ringtree/options.h> (default auto)
 //   --transport KIND   auto, tcp or shm (default auto)
 //
+// size: the bytes of one rank's buffer (allgather: its output; reduce_scatter, alltoall:
+// its input; gather: the root's output; scatter: the root's input), cut into n blocks of
+// size / n for the last five (sizes are rounded down to whole blocks).
 // time: the per-rank average over the timed operations, maximum over the ranks (us).
-// algbw = size / time; busbw = algbw * 2(n-1)/n for allreduce, algbw for broadcast and
-// reduce (nccl-tests' definitions). Exit status 1 when an element is wrong or a rank fails.
+// algbw = size / time; busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather,
+// reduce_scatter and alltoall, algbw for broadcast, reduce, gather and scatter
+// (nccl-tests' definitions). allgather runs in place, the others out of place. Exit
+// status 1 when an element is wrong or a rank fails.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,7 +47,32 @@
 namespace ringtree {
 namespace {
 
-enum class Collective { kAllreduce, kBroadcast, kReduce, kBarrier };
+enum class Collective {
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kBarrier,
+  kAllgather,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kAlltoall,
+};
+
+const struct {
+  const char* name;
+  Collective collective;
+} kCollectives[] = {{"allreduce", Collective::kAllreduce}, {"broadcast", Collective::kBroadcast},
+                    {"reduce", Collective::kReduce},       {"barrier", Collective::kBarrier},
+                    {"allgather", Collective::kAllgather}, {"gather", Collective::kGather},
+                    {"scatter", Collective::kScatter},     {"reduce_scatter", Collective::kReduceScatter},
+                    {"alltoall", Collective::kAlltoall}};
+
+// The collectives over per-rank blocks (collectives.h), whose buffers hold n blocks.
+bool isBlockwise(Collective c) {
+  return c == Collective::kAllgather || c == Collective::kGather || c == Collective::kScatter ||
+         c == Collective::kReduceScatter || c == Collective::kAlltoall;
+}
 
 struct Options {
   Collective collective = Collective::kAllreduce;
@@ -93,18 +124,11 @@ Options parseOptions(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "allreduce") {
-      o.collective = Collective::kAllreduce;
-      o.collectiveName = "allreduce";
-    } else if (arg == "broadcast") {
-      o.collective = Collective::kBroadcast;
-      o.collectiveName = "broadcast";
-    } else if (arg == "reduce") {
-      o.collective = Collective::kReduce;
-      o.collectiveName = "reduce";
-    } else if (arg == "barrier") {
-      o.collective = Collective::kBarrier;
-      o.collectiveName = "barrier";
+    const auto named = std::find_if(std::begin(kCollectives), std::end(kCollectives),
+                                    [&](const auto& entry) { return arg == entry.name; });
+    if (named != std::end(kCollectives)) {
+      o.collective = named->collective;
+      o.collectiveName = named->name;
     } else if (arg == "-b") {
       o.minBytes = parseBytes(value());
     } else if (arg == "-e") {
@@ -185,11 +209,63 @@ double inputValue(int rank, size_t i) {
   return static_cast<double>((static_cast<size_t>(rank) + i) % 2 + 1);
 }
 
+// Element i of the block rank `from` gives rank `to` in the collectives that only move
+// data: below 100, exact in every type.
+double blockValue(int from, int to, size_t i) {
+  return static_cast<double>((static_cast<size_t>(from) * 7 + static_cast<size_t>(to) * 3 + i) % 100);
+}
+
+// One size's buffers on one rank, carved from storage allocated once for the largest
+// size. `data` is the buffer of allreduce, broadcast and reduce (in place) and the input
+// of the blockwise collectives, `result` their output; a blockwise buffer holds n blocks
+// of `block` elements (scatter's and reduce_scatter's output: one).
+struct Message {
+  size_t count = 0;
+  size_t block = 0;
+  uint8_t* data = nullptr;
+  uint8_t* result = nullptr;
+  std::vector<size_t> counts;       // block, for every rank
+  std::vector<const void*> inputs;  // the blocks of data
+  std::vector<void*> outputs;       // the blocks of data (allgather: in place) or of result
+};
+
+Message layOut(const Options& o, std::vector<uint8_t>& data, std::vector<uint8_t>& result, size_t count, int size) {
+  Message m;
+  m.count = count;
+  m.data = data.data();
+  m.result = result.data();
+  if (!isBlockwise(o.collective)) return m;
+  const size_t es = elementSize(o.type);
+  m.block = count / static_cast<size_t>(size);
+  uint8_t* outputBase = o.collective == Collective::kAllgather ? m.data : m.result;
+  for (int r = 0; r < size; ++r) {
+    const size_t offset = static_cast<size_t>(r) * m.block * es;
+    m.counts.push_back(m.block);
+    m.inputs.push_back(m.data + offset);
+    m.outputs.push_back(outputBase + offset);
+  }
+  return m;
+}
+
 template <typename T>
-void fill(std::vector<uint8_t>& bytes, size_t count, int rank) {
-  T* data = reinterpret_cast<T*>(bytes.data());
-  for (size_t i = 0; i < count; ++i) {
-    data[i] = static_cast<T>(inputValue(rank, i));
+void fill(const Options& o, const Message& m, int rank) {
+  T* data = reinterpret_cast<T*>(m.data);
+  for (size_t i = 0; i < m.count; ++i) {
+    const size_t blockIndex = m.block > 0 ? i / m.block : 0;
+    const size_t inBlock = m.block > 0 ? i % m.block : i;
+    const int to = static_cast<int>(blockIndex);
+    switch (o.collective) {
+      case Collective::kAllgather:
+        data[i] = to == rank ? static_cast<T>(blockValue(rank, 0, inBlock)) : static_cast<T>(127);
+        break;
+      case Collective::kGather: data[i] = static_cast<T>(blockValue(rank, o.root, inBlock)); break;
+      case Collective::kScatter:
+      case Collective::kAlltoall: data[i] = static_cast<T>(blockValue(rank, to, inBlock)); break;
+      default: data[i] = static_cast<T>(inputValue(rank, i)); break;
+    }
+  }
+  if (isBlockwise(o.collective) && o.collective != Collective::kAllgather) {
+    std::fill(m.result, m.result + m.count * sizeof(T), uint8_t{0x7f});
   }
 }
 
@@ -209,12 +285,41 @@ T expectedReduction(ReduceOp op, int size, size_t i) {
   return static_cast<T>(acc);
 }
 
+// The elements a blockwise collective left wrong on this rank.
 template <typename T>
-int64_t countWrongTyped(const Options& o, const std::vector<uint8_t>& bytes, size_t count, int rank,
-                        int size) {
-  const T* data = reinterpret_cast<const T*>(bytes.data());
+int64_t countWrongBlocks(const Options& o, const Message& m, int rank, int size) {
+  const T* data = reinterpret_cast<const T*>(m.data);
+  const T* result = reinterpret_cast<const T*>(m.result);
   int64_t wrong = 0;
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < m.count; ++i) {
+    const int from = static_cast<int>(i / m.block);
+    const size_t inBlock = i % m.block;
+    switch (o.collective) {
+      case Collective::kAllgather: wrong += data[i] != static_cast<T>(blockValue(from, 0, inBlock)); break;
+      case Collective::kGather:
+        if (rank == o.root) wrong += result[i] != static_cast<T>(blockValue(from, o.root, inBlock));
+        break;
+      case Collective::kAlltoall: wrong += result[i] != static_cast<T>(blockValue(from, rank, inBlock)); break;
+      case Collective::kScatter:
+        if (i < m.block) wrong += result[i] != static_cast<T>(blockValue(o.root, rank, i));
+        break;
+      case Collective::kReduceScatter:
+        if (i < m.block) {
+          wrong += result[i] != expectedReduction<T>(o.op, size, static_cast<size_t>(rank) * m.block + i);
+        }
+        break;
+      default: break;
+    }
+  }
+  return wrong;
+}
+
+template <typename T>
+int64_t countWrongTyped(const Options& o, const Message& m, int rank, int size) {
+  if (isBlockwise(o.collective)) return countWrongBlocks<T>(o, m, rank, size);
+  const T* data = reinterpret_cast<const T*>(m.data);
+  int64_t wrong = 0;
+  for (size_t i = 0; i < m.count; ++i) {
     T expected;
     if (o.collective == Collective::kBroadcast) {
       expected = static_cast<T>(inputValue(o.root, i));
@@ -228,29 +333,38 @@ int64_t countWrongTyped(const Options& o, const std::vector<uint8_t>& bytes, siz
   return wrong;
 }
 
-void fillInput(const Options& o, std::vector<uint8_t>& bytes, size_t count, int rank) {
+void fillInput(const Options& o, const Message& m, int rank) {
   switch (o.type) {
-    case DataType::kFloat64: return fill<double>(bytes, count, rank);
-    case DataType::kInt8: return fill<int8_t>(bytes, count, rank);
-    case DataType::kUInt8: return fill<uint8_t>(bytes, count, rank);
-    case DataType::kInt32: return fill<int32_t>(bytes, count, rank);
-    case DataType::kInt64: return fill<int64_t>(bytes, count, rank);
-    default: return fill<float>(bytes, count, rank);
+    case DataType::kFloat64: return fill<double>(o, m, rank);
+    case DataType::kInt8: return fill<int8_t>(o, m, rank);
+    case DataType::kUInt8: return fill<uint8_t>(o, m, rank);
+    case DataType::kInt32: return fill<int32_t>(o, m, rank);
+    case DataType::kInt64: return fill<int64_t>(o, m, rank);
+    default: return fill<float>(o, m, rank);
   }
 }
 
-int64_t countWrong(const Options& o, const std::vector<uint8_t>& bytes, size_t count, int rank, int size) {
+int64_t countWrong(const Options& o, const Message& m, int rank, int size) {
   switch (o.type) {
-    case DataType::kFloat64: return countWrongTyped<double>(o, bytes, count, rank, size);
-    case DataType::kInt8: return countWrongTyped<int8_t>(o, bytes, count, rank, size);
-    case DataType::kUInt8: return countWrongTyped<uint8_t>(o, bytes, count, rank, size);
-    case DataType::kInt32: return countWrongTyped<int32_t>(o, bytes, count, rank, size);
-    case DataType::kInt64: return countWrongTyped<int64_t>(o, bytes, count, rank, size);
-    default: return countWrongTyped<float>(o, bytes, count, rank, size);
+    case DataType::kFloat64: return countWrongTyped<double>(o, m, rank, size);
+    case DataType::kInt8: return countWrongTyped<int8_t>(o, m, rank, size);
+    case DataType::kUInt8: return countWrongTyped<uint8_t>(o, m, rank, size);
+    case DataType::kInt32: return countWrongTyped<int32_t>(o, m, rank, size);
+    case DataType::kInt64: return countWrongTyped<int64_t>(o, m, rank, size);
+    default: return countWrongTyped<float>(o, m, rank, size);
   }
 }
 
-void runOnce(const Options& o, Communicator& comm, void* buffer, size_t count) {
+template <typename CollectiveOptionsType>
+CollectiveOptionsType optionsFor(const Options& o) {
+  CollectiveOptionsType options;
+  options.algorithm = o.algorithm;
+  return options;
+}
+
+void runOnce(const Options& o, Communicator& comm, const Message& m) {
+  void* buffer = m.data;
+  const size_t count = m.count;
   switch (o.collective) {
     case Collective::kAllreduce: {
       AllreduceOptions options;
@@ -273,6 +387,27 @@ void runOnce(const Options& o, Communicator& comm, void* buffer, size_t count) {
     }
     case Collective::kBarrier:
       return barrier(comm);
+    case Collective::kAllgather:
+      return allgather(comm, m.outputs[static_cast<size_t>(comm.rank())], m.outputs.data(), m.counts.data(), o.type,
+                       optionsFor<AllgatherOptions>(o));
+    case Collective::kGather: {
+      auto options = optionsFor<GatherOptions>(o);
+      options.root = o.root;
+      return gather(comm, m.data, m.outputs.data(), m.block, o.type, options);
+    }
+    case Collective::kScatter: {
+      auto options = optionsFor<ScatterOptions>(o);
+      options.root = o.root;
+      return scatter(comm, m.inputs.data(), m.result, m.block, o.type, options);
+    }
+    case Collective::kReduceScatter: {
+      auto options = optionsFor<ReduceScatterOptions>(o);
+      options.op = o.op;
+      return reduceScatter(comm, m.inputs.data(), m.result, m.counts.data(), o.type, options);
+    }
+    case Collective::kAlltoall:
+      return alltoall(comm, m.inputs.data(), m.counts.data(), m.outputs.data(), m.counts.data(), o.type,
+                      optionsFor<AlltoallOptions>(o));
   }
 }
 
@@ -283,7 +418,10 @@ int64_t runRank(const Options& o, const std::shared_ptr<Store>& store, int rank,
   auto comm = Communicator::create(std::make_shared<PrefixStore>("collective_bench", store), rank, size,
                                    commOptions);
   const size_t elem = elementSize(o.type);
-  const bool reduces = o.collective == Collective::kAllreduce || o.collective == Collective::kReduce;
+  const bool reduces = o.collective == Collective::kAllreduce || o.collective == Collective::kReduce ||
+                       o.collective == Collective::kReduceScatter;
+  // Sizes are whole elements, and whole blocks of the blockwise collectives.
+  const size_t unit = elem * (isBlockwise(o.collective) ? static_cast<size_t>(size) : 1);
   if (rank == 0) {
     std::printf("# collective_bench %s: %d ranks, transport %s to rank %d, algo %s, %d iters, %d warm-up\n",
                 o.collectiveName, size, comm->transportTo(size > 1 ? 1 : 0), size > 1 ? 1 : 0,
@@ -299,32 +437,34 @@ int64_t runRank(const Options& o, const std::shared_ptr<Store>& store, int rank,
   } else {
     for (double bytes = static_cast<double>(o.minBytes); bytes <= static_cast<double>(o.maxBytes) * 1.000001;
          bytes *= o.factor) {
-      sizes.push_back(std::max(elem, static_cast<size_t>(bytes) / elem * elem));
+      sizes.push_back(std::max(unit, static_cast<size_t>(bytes) / unit * unit));
     }
   }
-  std::vector<uint8_t> buffer(o.collective == Collective::kBarrier ? 0 : sizes.back());
+  std::vector<uint8_t> data(o.collective == Collective::kBarrier ? 0 : sizes.back());
+  std::vector<uint8_t> result(isBlockwise(o.collective) ? sizes.back() : 0);
   int64_t totalWrong = 0;
   for (size_t bytes : sizes) {
     const size_t count = bytes / elem;
+    const Message message = layOut(o, data, result, count, size);
     int64_t wrong = 0;
     if (o.check && o.collective != Collective::kBarrier) {
-      fillInput(o, buffer, count, rank);
+      fillInput(o, message, rank);
       if (o.collective == Collective::kBroadcast && rank != o.root) {
-        std::fill(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(bytes), uint8_t{0x7f});
+        std::fill(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(bytes), uint8_t{0x7f});
       }
-      runOnce(o, *comm, buffer.data(), count);
-      wrong = countWrong(o, buffer, count, rank, size);
+      runOnce(o, *comm, message);
+      wrong = countWrong(o, message, rank, size);
       allreduce(*comm, &wrong, 1, DataType::kInt64);
     }
     totalWrong += wrong;
-    fillInput(o, buffer, count, rank);
+    fillInput(o, message, rank);
     for (int i = 0; i < o.warmup; ++i) {
-      runOnce(o, *comm, buffer.data(), count);
+      runOnce(o, *comm, message);
     }
     barrier(*comm);
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < o.iters; ++i) {
-      runOnce(o, *comm, buffer.data(), count);
+      runOnce(o, *comm, message);
     }
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
                 o.iters;
@@ -333,10 +473,14 @@ int64_t runRank(const Options& o, const std::shared_ptr<Store>& store, int rank,
     allreduce(*comm, &us, 1, DataType::kFloat64, maxOptions);
     if (rank == 0) {
       const double algbw = static_cast<double>(bytes) / (us * 1e3);
+      const bool spread = o.collective == Collective::kAllgather || o.collective == Collective::kReduceScatter ||
+                          o.collective == Collective::kAlltoall;
       const double factor = o.collective == Collective::kAllreduce ? 2.0 * (size - 1) / size
+                            : spread                               ? static_cast<double>(size - 1) / size
                             : o.collective == Collective::kBarrier ? 0.0
                                                                    : 1.0;
-      const bool rooted = o.collective == Collective::kBroadcast || o.collective == Collective::kReduce;
+      const bool rooted = o.collective == Collective::kBroadcast || o.collective == Collective::kReduce ||
+                          o.collective == Collective::kGather || o.collective == Collective::kScatter;
       std::printf("%12zu %12zu %8s %6s %5d %10.2f %8.2f %8.2f %7s\n", bytes, count, dataTypeName(o.type),
                   reduces ? o.opName : "none", rooted ? o.root : -1, us, algbw, algbw * factor,
                   o.check && o.collective != Collective::kBarrier ? std::to_string(wrong).c_str() : "N/A");

@@ -2,15 +2,22 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <ringtree/error.h>
 
 #include "common/cpu.h"
+#include "common/env.h"
+#include "common/logging.h"
 #include "communicator_impl.h"
+#include "diagnostics/peer_status.h"
 #include "rendezvous/connect.h"
 
 namespace ringtree {
@@ -56,17 +63,81 @@ class ArmedPairs {
   size_t armed_ = 0;
 };
 
+// The peers' descriptions, ", "-separated.
+std::string describePeers(const std::vector<transport::Pair*>& pairs) {
+  std::string text;
+  for (const transport::Pair* p : pairs) text += (text.empty() ? "" : ", ") + p->peerDescription();
+  return text;
+}
+
+// A name usable in a file name: characters other than letters, digits, '-', '_' and '.'
+// become '_'.
+std::string fileNamePart(const std::string& name) {
+  std::string part = name;
+  for (char& c : part) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                       c == '_' || c == '.';
+    if (!plain) c = '_';
+  }
+  return part;
+}
+
 }  // namespace
 
 CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                                    std::vector<std::unique_ptr<transport::Pair>> pairs,
-                                   std::shared_ptr<transport::shm::NodeArena> arena)
-    : rank_(rank), size_(size), timeout_(timeout), pairs_(std::move(pairs)), arena_(std::move(arena)) {}
+                                   std::shared_ptr<transport::shm::NodeArena> arena,
+                                   size_t flightRecorderEntries, std::shared_ptr<Store> statusStore)
+    : rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      pairs_(std::move(pairs)),
+      arena_(std::move(arena)),
+      recorder_(flightRecorderEntries),
+      statusStore_(std::move(statusStore)),
+      abortEvent_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (!abortEvent_.valid()) {
+    throw NetworkError("rank " + std::to_string(rank) + ": cannot create the abort descriptor: " +
+                       net::errnoText(errno));
+  }
+}
 
-CommunicatorImpl::~CommunicatorImpl() = default;
+void CommunicatorImpl::startStatusPublisher() {
+  std::shared_ptr<Store> store = std::move(statusStore_);
+  statusStore_.reset();
+  try {
+    publisher_ = std::make_unique<diagnostics::StatusPublisher>(std::move(store), rank_, size_, recorder_);
+  } catch (const std::exception& e) {
+    RINGTREE_WARN("rank " << rank_ << ": cannot start status publishing (timeouts will not say what the other ranks "
+                          "were doing): " << e.what());
+  }
+}
 
-void CommunicatorImpl::waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline) {
+CommunicatorImpl::~CommunicatorImpl() {
+  if (publisher_) publisher_->stop();
+}
+
+void CommunicatorImpl::abort() {
+  if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
+  const uint64_t one = 1;
+  // Cannot fail on a fresh eventfd (the counter is far from overflowing); waits also
+  // check the flag before they sleep.
+  [[maybe_unused]] const ssize_t written = ::write(abortEvent_.fd(), &one, sizeof(one));
+}
+
+void CommunicatorImpl::releaseConnections() {
+  if (released_) return;
+  released_ = true;
+  statusStore_.reset();
+  if (publisher_) publisher_->stop();
+  pairs_.clear();
+  arena_.reset();
+}
+
+void CommunicatorImpl::waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline,
+                                StallCheck stallCheck) {
   const auto start = Clock::now();
+  auto nextStallCheck = start + kStallCheckInterval;
   std::vector<transport::Pair*> busy(pairs);
   std::vector<pollfd> fds;
   for (;;) {
@@ -78,16 +149,14 @@ void CommunicatorImpl::waitIdle(const std::vector<transport::Pair*>& pairs, net:
       cpuRelax();
       if (i >= kPauseIterations) sched_yield();
     }
+    if (aborted()) throw WaitAborted(rank_, describePeers(busy));
     if (Clock::now() >= deadline) {
-      std::string peers;
-      for (const transport::Pair* p : busy) peers += (peers.empty() ? "" : ", ") + p->peerDescription();
-      throw TimeoutError(
-          "rank " + std::to_string(rank_) + ": timed out after " +
-          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()) +
-          " ms waiting for " + peers);
+      throw WaitTimeout(rank_, std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start),
+                        describePeers(busy));
     }
     ArmedPairs armed(busy);
     armed.arm(&fds);
+    fds.push_back(pollfd{abortEvent_.fd(), POLLIN, 0});
     // Something may have arrived between the last progress() and arming.
     bool anyBusy = false;
     for (size_t i = 0; i < busy.size(); ++i) {
@@ -103,7 +172,66 @@ void CommunicatorImpl::waitIdle(const std::vector<transport::Pair*>& pairs, net:
     if (::poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) {
       throw NetworkError("rank " + std::to_string(rank_) + ": poll failed: " + net::errnoText(errno));
     }
+    // Sends that wait for a peer which reads nothing: it may have given up (a notice
+    // followed by the end of its stream) or gone away.
+    for (transport::Pair* p : busy) {
+      if (p->pendingRecvs() == 0) p->checkIncoming(nullptr);
+    }
+    if (stallCheck.check != nullptr && Clock::now() >= nextStallCheck) {
+      stallCheck.check(stallCheck.context);
+      nextStallCheck = Clock::now() + kStallCheckInterval;
+    }
   }
+}
+
+std::vector<FlightRecord> CommunicatorImpl::flightRecord() const {
+  std::vector<FlightRecord> records;
+  for (const diagnostics::RecordedCall& call : recorder_.snapshot()) records.push_back(recorder_.toRecord(call));
+  return records;
+}
+
+std::string CommunicatorImpl::flightRecordJson(const std::string& reason) const {
+  diagnostics::FlightRecordHeader header;
+  header.group = identity_.groupName;
+  header.world = identity_.world;
+  header.rank = identity_.globalRank >= 0 ? identity_.globalRank : rank_;
+  header.groupRank = rank_;
+  header.groupSize = size_;
+  header.reason = reason;
+  header.capacity = recorder_.capacity();
+  header.calls = recorder_.calls();
+  return diagnostics::flightRecordJson(header, flightRecord());
+}
+
+std::string CommunicatorImpl::dumpFlightRecord(const std::string& reason) const {
+  const std::string directory = env::flightRecorderDir();
+  if (directory.empty()) return {};
+  std::string name = "rank_" + std::to_string(identity_.globalRank >= 0 ? identity_.globalRank : rank_);
+  if (!identity_.world) name += "." + fileNamePart(identity_.groupName);
+  const std::filesystem::path path = std::filesystem::path(directory) / (name + ".json");
+  // Written beside and renamed over the target, so that a reader never sees half a file.
+  const std::filesystem::path partial = path.string() + ".partial." + std::to_string(::getpid());
+  const std::string json = flightRecordJson(reason);
+  const auto fail = [&](const std::filesystem::path& where, const std::string& why) {
+    return Error("cannot write the flight record of rank " + std::to_string(rank_) + " to " + where.string() +
+                 (why.empty() ? std::string() : ": " + why));
+  };
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) throw fail(directory, error.message());
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << json;
+    out.close();
+    if (!out) throw fail(partial, net::errnoText(errno));
+  }
+  std::filesystem::rename(partial, path, error);
+  if (error) {
+    const std::string why = error.message();
+    std::filesystem::remove(partial, error);
+    throw fail(path, why);
+  }
+  return path.string();
 }
 
 }  // namespace detail
@@ -116,10 +244,25 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                           std::to_string(size));
   }
   const rendezvous::ConnectOptions connectOptions = rendezvous::connectOptionsFrom(options);
+  const size_t flightRecorderEntries = env::flightRecorderEntries();
   std::shared_ptr<transport::shm::NodeArena> arena;
   auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions, &arena);
-  auto impl =
-      std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs), std::move(arena));
+  // Status publishing serves the timeout text of communicators without a node arena (the
+  // arena carries the same information). Its store connection is made now, while the
+  // store is known to answer (a clone made later could wait out the store's timeout for
+  // a server that is gone); its thread starts with the first collective.
+  std::shared_ptr<Store> statusStore;
+  if (size > 1 && arena == nullptr) {
+    try {
+      statusStore = store->clone();
+    } catch (const std::exception& e) {
+      RINGTREE_WARN("rank " << rank << ": cannot open a second store connection for status publishing (timeouts "
+                            "will not say what the other ranks were doing): " << e.what());
+    }
+  }
+  auto impl = std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs),
+                                                         std::move(arena), flightRecorderEntries,
+                                                         std::move(statusStore));
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -139,7 +282,25 @@ const char* Communicator::transportTo(int peer) const {
                           std::to_string(impl_->size()) + ")");
   }
   if (peer == impl_->rank()) return "self";
+  if (impl_->connectionsReleased()) {
+    throw Error("transportTo: rank " + std::to_string(impl_->rank()) +
+                " has closed its connections (the communicator was aborted)");
+  }
   return impl_->pair(peer).kind();
 }
+
+void Communicator::abort() { impl_->abort(); }
+
+bool Communicator::isAborted() const { return impl_->aborted(); }
+
+std::vector<FlightRecord> Communicator::flightRecord() const { return impl_->flightRecord(); }
+
+std::string Communicator::flightRecordJson(const std::string& reason) const { return impl_->flightRecordJson(reason); }
+
+std::string Communicator::dumpFlightRecord(const std::string& reason) const { return impl_->dumpFlightRecord(reason); }
+
+void Communicator::setIdentity(const CommunicatorIdentity& identity) { impl_->setIdentity(identity); }
+
+const CommunicatorIdentity& Communicator::identity() const { return impl_->identity(); }
 
 }  // namespace ringtree

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -7,26 +8,74 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ringtree/communicator.h>
+#include <ringtree/error.h>
 
 #include "common/socket.h"
+#include "diagnostics/flight_recorder.h"
 #include "transport/pair.h"
 
 namespace ringtree::transport::shm {
 class NodeArena;
 }
 
+namespace ringtree::diagnostics {
+class StatusPublisher;
+}
+
 namespace ringtree::detail {
 
+// What a wait throws at its deadline (CommunicatorImpl::waitIdle, the node-arena waits):
+// a TimeoutError ("rank 0: timed out after 2000 ms waiting for rank 1 (host ..., pid
+// ...)") that also carries its parts, so that the algorithm layer can name the call and
+// add what the peers were doing.
+class WaitTimeout : public TimeoutError {
+ public:
+  WaitTimeout(int rank, std::chrono::milliseconds waited, std::string waitingFor)
+      : TimeoutError("rank " + std::to_string(rank) + ": timed out after " + std::to_string(waited.count()) +
+                     " ms waiting for " + waitingFor),
+        waited(waited),
+        waitingFor(std::move(waitingFor)) {}
+
+  std::chrono::milliseconds waited;
+  std::string waitingFor;  // the peers' descriptions, ", "-separated
+};
+
+// What a wait throws when CommunicatorImpl::abort() interrupted it.
+class WaitAborted : public Error {
+ public:
+  WaitAborted(int rank, std::string waitingFor)
+      : Error("rank " + std::to_string(rank) + ": the communicator was aborted while waiting for " + waitingFor),
+        waitingFor(std::move(waitingFor)) {}
+
+  std::string waitingFor;
+};
+
+// What a long wait runs, on the waiting thread, to find out whether waiting on is
+// pointless (the algorithm layer's check that the peers are in the same call): may throw
+// to end the wait. A plain function and its argument, so that passing one costs the fast
+// path nothing.
+struct StallCheck {
+  void (*check)(void* context) = nullptr;
+  void* context = nullptr;
+};
+
 // What algorithms see of a communicator: the pairs to each peer, a way to wait on
-// several of them at once, and shared scratch space. Owned by Communicator.
+// several of them at once, shared scratch space, and the diagnostics (flight recorder,
+// status publishing, abort). Owned by Communicator.
 class CommunicatorImpl {
  public:
+  // flightRecorderEntries: how many calls the flight recorder keeps. statusStore: a store
+  // no one else uses (a clone) through which this rank publishes its status
+  // (diagnostics::StatusPublisher) once it starts its first collective; null: none is
+  // published.
   CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                    std::vector<std::unique_ptr<transport::Pair>> pairs,
-                   std::shared_ptr<transport::shm::NodeArena> arena);
+                   std::shared_ptr<transport::shm::NodeArena> arena, size_t flightRecorderEntries,
+                   std::shared_ptr<Store> statusStore);
   ~CommunicatorImpl();
 
   int rank() const { return rank_; }
@@ -36,11 +85,52 @@ class CommunicatorImpl {
   // The connection to peer (peer != rank()).
   transport::Pair& pair(int peer) { return *pairs_.at(static_cast<size_t>(peer)); }
 
+  using StallCheck = detail::StallCheck;
+  // A wait runs its StallCheck once it has lasted this long, then at most this often.
+  static constexpr std::chrono::milliseconds kStallCheckInterval{1000};
+
   // Drives progress() on each pair until all are idle. Spins for a short while, then
-  // sleeps in poll() on the pairs' wait descriptors (so oversubscribed ranks give the
-  // core away). Throws TimeoutError at deadline naming the peers still busy, and
-  // whatever a pair throws (NetworkError, EnvelopeMismatch).
-  void waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline);
+  // sleeps in poll() on the pairs' wait descriptors and the abort descriptor (so
+  // oversubscribed ranks give the core away); after each sleep, pairs with sends but no
+  // receive posted are checked for a peer that went away or gave up
+  // (Pair::checkIncoming), and stallCheck runs every kStallCheckInterval. Throws
+  // WaitTimeout at deadline naming the peers still busy, WaitAborted once abort() was
+  // called, and whatever a pair or stallCheck throws (NetworkError, EnvelopeMismatch).
+  void waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline, StallCheck stallCheck = {});
+
+  // Any thread: makes waits throw WaitAborted (waitIdle wakes at once through the abort
+  // descriptor; the node-arena waits check between sleeps of at most 50 ms) and
+  // beginCall refuse new calls. Idempotent.
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+  // After abort(), once no call runs: closes every connection, unmaps the node arena and
+  // stops status publishing. pair() and arena() must not be used afterwards (beginCall
+  // refuses calls on an aborted communicator). Idempotent.
+  void releaseConnections();
+  bool connectionsReleased() const { return released_; }
+
+  diagnostics::FlightRecorder& flightRecorder() { return recorder_; }
+  const diagnostics::FlightRecorder& flightRecorder() const { return recorder_; }
+
+  // Starts status publishing if it is due and not started yet (beginCall calls it: a
+  // communicator that never runs a collective, like a point-to-point engine's, costs no
+  // thread). Never throws: when the thread cannot start, a warning is logged and nothing
+  // is published.
+  void startStatusPublishing() {
+    if (statusStore_ != nullptr) startStatusPublisher();
+  }
+  // Null when this rank publishes no status (size 1, a node arena, no collective yet, or
+  // no store clone).
+  diagnostics::StatusPublisher* statusPublisher() { return publisher_.get(); }
+
+  // See Communicator::flightRecord(), flightRecordJson() and dumpFlightRecord().
+  std::vector<FlightRecord> flightRecord() const;
+  std::string flightRecordJson(const std::string& reason) const;
+  std::string dumpFlightRecord(const std::string& reason) const;
+
+  const CommunicatorIdentity& identity() const { return identity_; }
+  void setIdentity(const CommunicatorIdentity& identity) { identity_ = identity; }
 
   // The node-wide shared segment when every rank is on this host and shared memory is
   // enabled; nullptr otherwise.
@@ -68,19 +158,26 @@ class CommunicatorImpl {
     return scratch_.get();
   }
 
+  // What kind of failure broke the communicator: later calls throw the same class.
+  enum class Failure { kError, kNetwork, kTimeout, kMismatch };
+
   // After a failed collective the connections are out of step: every later call throws
-  // Error carrying this reason.
-  void markBroken(const std::string& reason) {
+  // an error of the class `failure` names, carrying this reason.
+  void markBroken(const std::string& reason, Failure failure) {
     if (brokenReason_.empty()) {
       brokenReason_ = reason.empty() ? "an earlier collective failed" : reason;
+      brokenFailure_ = failure;
     }
   }
   const std::string& brokenReason() const { return brokenReason_; }
+  Failure brokenFailure() const { return brokenFailure_; }
 
  private:
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }
   };
+
+  void startStatusPublisher();
 
   int rank_;
   int size_;
@@ -93,6 +190,15 @@ class CommunicatorImpl {
   std::unique_ptr<char, FreeDeleter> scratch_;
   size_t scratchBytes_ = 0;
   std::string brokenReason_;
+  Failure brokenFailure_ = Failure::kError;
+
+  diagnostics::FlightRecorder recorder_;
+  std::shared_ptr<Store> statusStore_;  // the clone, until status publishing starts
+  std::unique_ptr<diagnostics::StatusPublisher> publisher_;  // reads recorder_: declared after it
+  CommunicatorIdentity identity_;
+  std::atomic<bool> aborted_{false};
+  net::Socket abortEvent_;  // eventfd, readable once abort() was called
+  bool released_ = false;
 };
 
 }  // namespace ringtree::detail

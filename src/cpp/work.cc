@@ -39,6 +39,16 @@ bool Work::isSuccess() const {
   return completed_ && !exception_;
 }
 
+int Work::sourceRank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sourceRank_;
+}
+
+void Work::setSourceRank(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sourceRank_ = rank;
+}
+
 std::exception_ptr Work::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return exception_;

@@ -22,12 +22,14 @@
 #include "communicator_impl.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
+#include "harness/typed_values.h"
 #include "transport/shm/arena.h"
 
 namespace ringtree {
 namespace {
 
 using algorithms::reduceFunction;
+using test::store;
 
 enum class Kind { kAllreduce, kBroadcast, kReduce };
 
@@ -46,42 +48,6 @@ std::string describe(const Case& c) {
   return std::string(kinds[static_cast<int>(c.kind)]) + "/" + algorithmName(c.algorithm) + "/" +
          dataTypeName(c.type) + "/" + reduceOpName(c.op) + "/count=" + std::to_string(c.count) +
          "/root=" + std::to_string(c.root) + "/segment=" + std::to_string(c.maxSegmentBytes);
-}
-
-// Exactly representable small integers only (|v| <= 2048), so no rounding is involved.
-uint16_t toHalf(double v) {
-  if (v == 0) return 0;
-  const uint16_t sign = v < 0 ? 0x8000 : 0;
-  double a = std::fabs(v);
-  int exponent = 0;
-  while (a >= 2) { a /= 2; ++exponent; }
-  const auto mantissa = static_cast<uint16_t>(std::lround((a - 1) * 1024));
-  return static_cast<uint16_t>(sign | ((exponent + 15) << 10) | mantissa);
-}
-
-uint16_t toBFloat16(double v) {
-  const float f = static_cast<float>(v);
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>(bits >> 16);  // exact: small integers have no low mantissa bits
-}
-
-// Writes v as one element of type at out.
-void store(DataType type, double v, void* out) {
-  switch (type) {
-    case DataType::kFloat16: { uint16_t h = toHalf(v); std::memcpy(out, &h, 2); break; }
-    case DataType::kBFloat16: { uint16_t h = toBFloat16(v); std::memcpy(out, &h, 2); break; }
-    case DataType::kFloat32: { float f = static_cast<float>(v); std::memcpy(out, &f, 4); break; }
-    case DataType::kFloat64: std::memcpy(out, &v, 8); break;
-    case DataType::kInt8: { int8_t x = static_cast<int8_t>(v); std::memcpy(out, &x, 1); break; }
-    case DataType::kUInt8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(out, &x, 1); break; }
-    case DataType::kInt16: { int16_t x = static_cast<int16_t>(v); std::memcpy(out, &x, 2); break; }
-    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(out, &x, 4); break; }
-    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(out, &x, 8); break; }
-    case DataType::kBool: { uint8_t x = v != 0; std::memcpy(out, &x, 1); break; }
-    case DataType::kComplex64: { float f[2] = {static_cast<float>(v), static_cast<float>(-v)}; std::memcpy(out, f, 8); break; }
-    case DataType::kComplex128: { double d[2] = {v, -v}; std::memcpy(out, d, 16); break; }
-  }
 }
 
 // Rank r's input element i for op: small values whose sums and products stay exact.

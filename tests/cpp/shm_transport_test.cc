@@ -1,8 +1,9 @@
 // Shared-memory transport: pairs built directly with shm::Listener / connect / createPair
 // between two threads and between two processes (fork), exact contents over ring and
 // direct-copy sizes, Accumulate across ring wrap-around and bounce-buffer boundaries,
-// envelope and size mismatches, peers that close, die (SIGKILL) or break the protocol,
-// sleeping and waking, and a printed latency / bandwidth report.
+// envelope and size mismatches, peeking and pending counts, peers that close, die
+// (SIGKILL) or break the protocol, sleeping and waking, and a printed latency /
+// bandwidth report.
 //
 // Every wait is bounded (kTimeout), children are killed by their Child handle and by an
 // alarm, so a regression fails a test instead of hanging the binary.
@@ -523,6 +524,38 @@ TEST(ShmPairTest, InvalidArgumentsAreRejected) {
   EXPECT_EQ(pairs.rank1->peerDescription(), "rank 0 (test thread)");
 }
 
+TEST(ShmPairTest, PeekAndPendingCountsAroundADirectSend) {
+  // A direct send and a ring send after it: the second is in the ring at once, but both
+  // count as pending until the peer has pulled the first from our memory.
+  TwoPairs pairs = connectThreads();
+  const std::vector<uint8_t> big = pattern(kMiB, 0, 0);
+  const std::vector<uint8_t> small = pattern(10, 0, 1);
+  pairs.rank0->postSend(envelope(0), big.data(), big.size());
+  pairs.rank0->postSend(envelope(1), small.data(), small.size());
+  EXPECT_FALSE(pairs.rank0->progress());
+  EXPECT_EQ(pairs.rank0->pendingSends(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const std::vector<uint8_t>& expected = i == 0 ? big : small;
+    Envelope seen;
+    size_t bytes = 0;
+    ASSERT_TRUE(pairs.rank1->peekIncoming(&seen, &bytes));
+    EXPECT_EQ(seen, envelope(i));
+    EXPECT_EQ(bytes, expected.size());
+    std::vector<uint8_t> in(bytes);
+    pairs.rank1->postRecv(seen, in.data(), bytes);
+    EXPECT_EQ(pairs.rank1->pendingRecvs(), 1u);
+    EXPECT_FALSE(pairs.rank1->peekIncoming(&seen, &bytes));
+    waitIdle(*pairs.rank1);
+    EXPECT_EQ(pairs.rank1->pendingRecvs(), 0u);
+    EXPECT_EQ(in, expected);
+  }
+  waitIdle(*pairs.rank0);
+  EXPECT_EQ(pairs.rank0->pendingSends(), 0u);
+  Envelope none;
+  size_t noBytes = 0;
+  EXPECT_FALSE(pairs.rank1->peekIncoming(&none, &noBytes));
+}
+
 // ---------------------------------------------------------------------------------------
 // Mismatches
 
@@ -927,6 +960,22 @@ TEST(ShmHostilePeerTest, GarbageHeader) {
   std::memset(fake.txRing(), 0xAB, kFakeRingBytes);
   fake.txControl()->head.store(kFakeRingBytes, std::memory_order_release);
   expectReceiveFails<NetworkError>(fake, "corrupt message header");
+}
+
+TEST(ShmHostilePeerTest, GarbageHeaderIsRefusedByPeek) {
+  FakePeer fake = connectFake(false);
+  std::memset(fake.txRing(), 0xAB, kFakeRingBytes);
+  fake.txControl()->head.store(kFakeRingBytes, std::memory_order_release);
+  Envelope seen;
+  size_t bytes = 0;
+  try {
+    fake.real->peekIncoming(&seen, &bytes);
+    ADD_FAILURE() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt message header"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 (fake peer)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fake.real->peekIncoming(&seen, &bytes), NetworkError);  // failed for good
 }
 
 TEST(ShmHostilePeerTest, HugeSizeIsAMismatch) {

@@ -143,6 +143,24 @@ TYPED_TEST(StoreContractTest, GetReturnsTheLatestSetValue) {
   EXPECT_EQ(s.get("key"), bytes("two"));
 }
 
+TYPED_TEST(StoreContractTest, CloneSharesKeysAndIsUsableConcurrently) {
+  Store& s = this->store();
+  s.setTimeout(kShortTimeout);
+  std::shared_ptr<Store> copy = s.clone();
+  EXPECT_EQ(copy->timeout(), kShortTimeout);
+  copy->setTimeout(kStoreTimeout);
+  EXPECT_EQ(s.timeout(), kShortTimeout);  // independent after cloning
+  s.set("from_original", bytes("a"));
+  EXPECT_EQ(copy->get("from_original"), bytes("a"));
+  // The clone waits while the original sets, from another thread.
+  auto waiter = std::async(std::launch::async, [&] { return copy->get("late"); });
+  std::this_thread::sleep_for(kSetterDelay);
+  s.set("late", bytes("b"));
+  EXPECT_EQ(waiter.get(), bytes("b"));
+  EXPECT_EQ(copy->add("counter", 2), 2);
+  EXPECT_EQ(s.add("counter", 3), 5);
+}
+
 TYPED_TEST(StoreContractTest, ValuesAreBinaryWithZeroBytes) {
   Store& s = this->store();
   Bytes all(256);

@@ -1,6 +1,7 @@
 // Transports and rendezvous: every pair of a full mesh at world sizes 1..8 moving
 // messages of every size class in both directions at once, FIFO order, reduce-on-receive,
-// envelope and size mismatches, mismatch notices, peers that close or die, waitIdle
+// envelope and size mismatches, mismatch notices, peeking at (and waking for) the next
+// message without a posted receive, peers that close or die, waitIdle
 // deadlines, transport selection (tcp, shm, auto, environment), stray connections, and
 // the same over forked processes. Ends with latency and bandwidth figures (printed, not
 // asserted).
@@ -486,6 +487,128 @@ TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
         }
       },
       testOptions(GetParam(), 10s));
+}
+
+// Peeks until the next message's header has arrived; throws after `timeout`.
+void peekUntilArrived(Pair& pair, Envelope* envelope, size_t* bytes, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = Clock::now() + timeout;
+  while (!pair.peekIncoming(envelope, bytes)) {
+    if (Clock::now() > deadline) throw std::runtime_error("no message arrived to peek at");
+    std::this_thread::sleep_for(100us);
+  }
+}
+
+TEST_P(PairTest, PeekShowsTheNextMessageUntilItsReceiveIsPosted) {
+  // A small message, one larger than the staging buffer / direct-copy threshold, and an
+  // empty one.
+  const std::vector<size_t> sizes = {5, 3 * kMiB + 1, 0};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        Pair& pair = c.impl().pair(1 - rank);
+        if (rank == 1) {
+          std::vector<std::vector<uint8_t>> out;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            out.push_back(pattern(sizes[i], seedOf(1, 0, sizes[i], static_cast<int>(i))));
+            pair.postSend(envelope(10 + i, 3, sizes[i]), out[i].data(), sizes[i]);
+          }
+          EXPECT_EQ(pair.pendingSends(), sizes.size());
+          EXPECT_EQ(pair.pendingRecvs(), 0u);
+          waitAll(c, {&pair});
+          EXPECT_EQ(pair.pendingSends(), 0u);
+          return;
+        }
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          Envelope seen;
+          size_t bytes = 0;
+          peekUntilArrived(pair, &seen, &bytes);
+          EXPECT_EQ(seen, envelope(10 + i, 3, sizes[i]));
+          EXPECT_EQ(bytes, sizes[i]);
+          // Looking again shows the same message: it stays until a receive is posted.
+          Envelope again;
+          size_t againBytes = 0;
+          EXPECT_TRUE(pair.peekIncoming(&again, &againBytes));
+          EXPECT_EQ(again, seen);
+          EXPECT_EQ(againBytes, bytes);
+          std::vector<uint8_t> in(bytes);
+          pair.postRecv(seen, in.data(), bytes);
+          EXPECT_EQ(pair.pendingRecvs(), 1u);
+          // With a receive posted the stream is that receive's: nothing to peek at.
+          EXPECT_FALSE(pair.peekIncoming(&again, &againBytes));
+          waitAll(c, {&pair});
+          EXPECT_EQ(pair.pendingRecvs(), 0u);
+          EXPECT_EQ(checkPattern(in.data(), bytes, seedOf(1, 0, sizes[i], static_cast<int>(i))), "") << i;
+        }
+      },
+      testOptions(GetParam()));
+}
+
+TEST_P(PairTest, PeekSeesWhatArrivedBeforeThePeerClosedThenFails) {
+  const auto store = test::freshStore();
+  std::atomic<bool> closed{false};
+  runOnThreads(2, [&](int rank) {
+    auto c = Communicator::create(store, rank, 2, testOptions(GetParam()));
+    Pair& pair = c->impl().pair(1 - rank);
+    if (rank == 1) {
+      const SetOnExit setClosed(closed);
+      const std::vector<uint8_t> out = pattern(100, 7);
+      pair.postSend(envelope(1), out.data(), out.size());
+      waitAll(*c, {&pair});  // a small send finishes once the kernel / the ring has it
+      c.reset();
+      return;
+    }
+    waitForFlag(closed);
+    Envelope seen;
+    size_t bytes = 0;
+    peekUntilArrived(pair, &seen, &bytes);
+    EXPECT_EQ(seen, envelope(1));
+    std::vector<uint8_t> in(bytes);
+    pair.postRecv(seen, in.data(), bytes);
+    waitAll(*c, {&pair});
+    EXPECT_EQ(checkPattern(in.data(), 100, 7), "");
+    const auto start = Clock::now();
+    const std::string message = messageOf<NetworkError>([&] { peekUntilArrived(pair, &seen, &bytes, 5s); });
+    EXPECT_LT(elapsedSince(start), 1000ms) << message;
+    EXPECT_TRUE(contains(message, "rank 1")) << message;
+    EXPECT_THROW(pair.peekIncoming(&seen, &bytes), NetworkError);  // failed for good
+  });
+}
+
+TEST_P(PairTest, ArmWaitForIncomingWakesWithoutAPostedReceive) {
+  std::atomic<bool> armed{false};
+  runCommunicators(
+      2,
+      [&](int rank, Communicator& c) {
+        Pair& pair = c.impl().pair(1 - rank);
+        uint64_t value = 42;
+        if (rank == 1) {
+          waitForFlag(armed);
+          std::this_thread::sleep_for(100ms);  // let rank 0 fall asleep
+          pair.postSend(envelope(1), &value, sizeof(value));
+          waitAll(c, {&pair});
+          return;
+        }
+        const SetOnExit setArmed(armed);
+        Envelope seen;
+        size_t bytes = 0;
+        pollfd pfd{};
+        pair.armWaitForIncoming(&pfd);
+        EXPECT_FALSE(pair.peekIncoming(&seen, &bytes));
+        armed = true;
+        const auto start = Clock::now();
+        const int ready = ::poll(&pfd, 1, 5000);
+        pair.disarmWait();
+        EXPECT_EQ(ready, 1);
+        EXPECT_LT(elapsedSince(start), 2000ms);
+        peekUntilArrived(pair, &seen, &bytes);
+        EXPECT_EQ(seen, envelope(1));
+        EXPECT_EQ(bytes, sizeof(value));
+        uint64_t received = 0;
+        pair.postRecv(seen, &received, bytes);
+        waitAll(c, {&pair});
+        EXPECT_EQ(received, 42u);
+      },
+      testOptions(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PairTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),

@@ -18,7 +18,18 @@
 // deadline), blocking send/receive steps over pairs, and balanced element ranges.
 namespace ringtree::algorithms {
 
-enum class Collective : uint8_t { kAllreduce = 1, kBroadcast = 2, kReduce = 3, kBarrier = 4 };
+enum class Collective : uint8_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kReduce = 3,
+  kBarrier = 4,
+  kAllgather = 5,
+  kGather = 6,
+  kScatter = 7,
+  kReduceScatter = 8,
+  kAlltoall = 9,
+  kLast = kAlltoall,
+};
 
 const char* collectiveName(Collective collective);
 
@@ -40,11 +51,13 @@ uint32_t operationCode(Collective collective, Algorithm algorithm);
 // "allreduce(seq=3, algorithm=ring, dtype=float32, count=1024, op=SUM)".
 std::string describe(const transport::Envelope& envelope);
 
-// Starts a call and runs body(call). Checks that the communicator is usable, takes the
-// next sequence number and computes the deadline (options timeout, else the
-// communicator's). Translates a wire mismatch into CollectiveMismatchError naming both
-// ranks and both calls (after telling the peer what this rank called), and marks the
-// communicator broken on any failure.
+// Starts a call and runs body(call). Checks that the communicator is usable (not broken,
+// not aborted), takes the next sequence number, computes the deadline (options timeout,
+// else the communicator's) and records the call in the flight recorder. Translates a wire
+// mismatch into CollectiveMismatchError naming both ranks and both calls (after telling
+// the peer what this rank called), a timeout into TimeoutError naming the call, the ranks
+// waited for and what the others were doing, an abort into Error; marks the communicator
+// broken on any failure.
 template <typename Body>
 void runCall(Communicator& communicator, Collective collective, Algorithm algorithm, DataType type,
              ReduceOp op, size_t count, int root, std::chrono::milliseconds timeout, Body&& body);
@@ -66,9 +79,12 @@ void recv(Call& call, int peer, void* data, size_t bytes, const transport::Accum
 void sendRecv(Call& call, int sendPeer, const void* sendData, size_t sendBytes, int recvPeer, void* recvData,
               size_t recvBytes, const transport::Accumulate& accumulate = {});
 
-// Implementation detail of runCall, out of line.
+// Implementation detail of runCall, out of line: beginCall opens the call's flight-recorder
+// entry (and publishes its fingerprint in the node arena), endCall closes it, failCall
+// closes it as failed (and leaves the failure's traces: see <ringtree/flight_recorder.h>).
 Call beginCall(Communicator& communicator, Collective collective, Algorithm algorithm, DataType type, ReduceOp op,
                size_t count, int root, std::chrono::milliseconds timeout);
+void endCall(Call& call);
 [[noreturn]] void failCall(Call& call, std::exception_ptr error);
 
 template <typename Body>
@@ -80,6 +96,7 @@ void runCall(Communicator& communicator, Collective collective, Algorithm algori
   } catch (...) {
     failCall(call, std::current_exception());
   }
+  endCall(call);
 }
 
 }  // namespace ringtree::algorithms

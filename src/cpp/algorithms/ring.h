@@ -21,5 +21,8 @@ inline int ringOwnedPart(int rank, int size) { return (rank + 1) % size; }
 inline char* elementAt(void* buffer, size_t element, size_t elementSize) {
   return static_cast<char*>(buffer) + element * elementSize;
 }
+inline const char* elementAt(const void* buffer, size_t element, size_t elementSize) {
+  return static_cast<const char*>(buffer) + element * elementSize;
+}
 
 }  // namespace ringtree::algorithms

@@ -13,7 +13,10 @@
 // configured differently is caught by the envelope check as a mismatch.
 namespace ringtree::algorithms {
 
-// Resolves `requested` for `collective` on `bytes` per rank and `worldSize` ranks:
+// Resolves `requested` for `collective` on `bytes` and `worldSize` ranks (bytes: the
+// buffer of allreduce, broadcast and reduce; every block of allgather, gather, scatter
+// and reduce_scatter together, which every rank knows; 0 for alltoall, whose ranks share
+// no size):
 // an explicit algorithm is checked against the ones the collective implements
 // (InvalidArgument otherwise); kAuto becomes RINGTREE_ALGO's value when that names an
 // algorithm this collective implements, else the size-based choice below. The choice

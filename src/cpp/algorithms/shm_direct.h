@@ -1,29 +1,41 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "algorithms/common.h"
 #include "common/reduce_fn.h"
+#include "diagnostics/peer_status.h"
 
-// The shared-memory direct collectives ("shm_direct"): allreduce, broadcast and barrier
-// over the communicator's node arena (transport/shm/arena.h has its layout and protocol),
+// The shared-memory direct collectives ("shm_direct"): allreduce, broadcast, barrier,
+// allgather, reduce_scatter and alltoall over the communicator's node arena (transport/shm/arena.h has its layout and protocol),
 // for communicators whose ranks are all on this host. Data moves through the ranks'
 // arena slots instead of pairs; ranks synchronise on each other's step counters, spinning
 // briefly and then sleeping on a futex in slices, between which they check the deadline
 // and whether the awaited peer's connection hung up.
 //
 // Every function below blocks until this rank's part is done and requires
-// call.comm.arena() != nullptr and call.size() > 1. Errors: TimeoutError at the deadline
-// naming the ranks that have not arrived (and the last call each entered); NetworkError
+// call.comm.arena() != nullptr and call.size() > 1. Errors: TimeoutError (WaitTimeout) at
+// the deadline naming the ranks that have not arrived (the call's failure handling adds
+// what each was doing: arenaPeerProgress); WaitAborted after abort(); NetworkError
 // naming a peer whose connection hung up while it was awaited; EnvelopeMismatch (a
 // CollectiveMismatchError; runCall's failure handling names both calls and tells the
 // peer) when a peer's published call differs from this one.
 namespace ringtree::algorithms {
 
-// Publishes call's fingerprint in the arena; a no-op without one. beginCall makes it for
-// every collective, whatever algorithm it runs, so that a rank in an arena algorithm can
-// tell a peer in a different call from one that has not arrived yet.
-void announceCall(Call& call);
+// Publishes call's fingerprint (and its start, steady-clock nanoseconds) in the arena; a
+// no-op without one. beginCall makes it for every collective, whatever algorithm it runs,
+// so that a rank in an arena algorithm can tell a peer in a different call from one that
+// has not arrived yet.
+void announceCall(Call& call, int64_t startNs);
+
+// Records in the arena that call finished (failed or not) at endNs; a no-op without one.
+void announceFinished(Call& call, bool failed, int64_t endNs);
+
+// What every other rank was last doing, from the arena (call.comm.arena() != nullptr):
+// its latest call, when it entered it, and the last call it finished.
+std::vector<diagnostics::PeerProgress> arenaPeerProgress(const Call& call);
 
 // In place: buffer <- fold of every rank's buffer, in rank order (rank 0's op rank 1's op
 // ...; every rank ends with the same bits). fn is the element kernel (AVG/PREMUL_SUM:
@@ -44,5 +56,30 @@ void shmDirectBroadcast(Call& call, void* buffer, size_t bytes, int root, size_t
 
 // Returns once every rank has entered the barrier: one step each.
 void shmDirectBarrier(Call& call);
+
+// outputs[q] <- rank q's input (counts[q] elements, every rank's counts alike) for every
+// q but this rank (outputs[rank] is left to the caller): each rank copies its input into
+// its slot once, in pieces of at most maxSegmentBytes (0: the arena's largest step), one
+// step each, and copies every other rank's piece out.
+void shmDirectAllgather(Call& call, const void* input, void* const* outputs, const size_t* counts,
+                        size_t maxSegmentBytes);
+
+// output <- fold, in rank order, of every rank's inputs[rank] (counts[rank] elements;
+// inputs[q] holds counts[q]). Each step carries a slice of every block: each rank copies
+// the slices other ranks need into its slot, then folds its own block's slice from every
+// slot (its own from inputs[rank]). fn is the element kernel (AVG/PREMUL_SUM: the caller
+// scales before and divides after). output may be inputs[rank] (in place).
+void shmDirectReduceScatter(Call& call, const void* const* inputs, void* output, const size_t* counts, ReduceFn fn,
+                            size_t maxSegmentBytes);
+
+// outputs[q] (recvCounts[q] elements) <- rank q's inputs[rank], for every q but this
+// rank (outputs[rank] is left to the caller). Each step's block holds a piece of every
+// message this rank sends, in one region per destination (a step's share of
+// maxSegmentBytes, 0: the arena's largest step), read by that destination. The first
+// step's block also holds this rank's row and column of the count matrix, so every rank
+// learns every message's size: all agree on the number of steps, and both ranks of a pair
+// that disagree on a message's size fail (EnvelopeMismatch naming the sizes).
+void shmDirectAlltoall(Call& call, const void* const* inputs, const size_t* sendCounts, void* const* outputs,
+                       const size_t* recvCounts, size_t maxSegmentBytes);
 
 }  // namespace ringtree::algorithms

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 namespace ringtree::algorithms {
@@ -31,6 +32,16 @@ class BinomialTree {
   const std::vector<int>& childrenNearestFirst() const { return children_; }
   // Children with the largest subtree first (the order a broadcast serves them in).
   std::vector<int> childrenFarthestFirst() const { return {children_.rbegin(), children_.rend()}; }
+
+  // `rank` relative to the root: (rank - root) mod size.
+  int relativeRank(int rank) const { return relative(rank); }
+  // How many ranks the subtree under `rank` spans: the ranks whose relative numbers run
+  // from relativeRank(rank) up (size for the root). A node's own rank comes first, then
+  // its children's subtrees, nearest first, each right after the previous one.
+  int subtreeSize(int rank) const {
+    const int v = relative(rank);
+    return v == 0 ? size_ : std::min(v & -v, size_ - v);
+  }
 
  private:
   int relative(int rank) const { return (rank - root_ + size_) % size_; }

@@ -6,6 +6,8 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
+#include "communicator_impl.h"
+
 namespace ringtree {
 
 namespace {
@@ -42,7 +44,7 @@ template <typename Operation>
 void ProcessGroup::runSync(const char* opName, Operation& operation) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (shutdown_) {
-    throw Error(std::string(opName) + " on a ProcessGroup that has been shut down");
+    throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
   }
   if (!busy_ && queue_.empty()) {
     busy_ = true;
@@ -66,6 +68,16 @@ void ProcessGroup::runSync(const char* opName, Operation& operation) {
   work->wait();
 }
 
+void ProcessGroup::runErased(const char* opName, void (*invoke)(void*), void* operation) {
+  auto call = [invoke, operation] { invoke(operation); };
+  runSync(opName, call);
+}
+
+std::shared_ptr<Work> ProcessGroup::runAsync(const char* opName, std::function<void()> operation,
+                                             std::shared_ptr<void> keepAlive) {
+  return submit(opName, std::move(operation), std::move(keepAlive));
+}
+
 void ProcessGroup::startWorkerLocked() {
   if (!worker_.joinable()) {
     worker_ = std::thread([this] { workerLoop(); });
@@ -78,7 +90,7 @@ std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<voi
   auto work = std::make_shared<Work>(opName, std::move(keepAlive));
   std::lock_guard<std::mutex> lock(mutex_);
   if (shutdown_) {
-    throw Error(std::string(opName) + " on a ProcessGroup that has been shut down");
+    throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
   }
   queue_.push_back(Task{std::move(operation), work});
   startWorkerLocked();
@@ -124,6 +136,31 @@ void ProcessGroup::shutdown() {
     lock.lock();
   }
   stateCv_.wait(lock, [this] { return !busy_ && queue_.empty(); });
+}
+
+void ProcessGroup::abort() {
+  std::deque<Task> dropped;
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shutdown_ = true;
+    aborted_ = true;
+    dropped.swap(queue_);
+    worker = std::move(worker_);
+  }
+  stateCv_.notify_all();
+  communicator_->abort();
+  for (Task& task : dropped) {
+    task.work->finish(std::make_exception_ptr(Error(std::string(task.work->opName()) + " on rank " +
+                                                    std::to_string(rank()) +
+                                                    " was aborted before it started: its process group was aborted")));
+  }
+  if (worker.joinable()) worker.join();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    stateCv_.wait(lock, [this] { return !busy_; });
+  }
+  communicator_->impl().releaseConnections();
 }
 
 bool ProcessGroup::isShutdown() const {

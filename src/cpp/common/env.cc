@@ -1,6 +1,9 @@
 #include "common/env.h"
 
+#include <charconv>
 #include <cstdlib>
+
+#include <ringtree/error.h>
 
 namespace ringtree::env {
 
@@ -20,5 +23,20 @@ std::string transport() { return getString("RINGTREE_TRANSPORT"); }
 std::string shmArena() { return getString("RINGTREE_SHM_ARENA"); }
 
 std::string socketIfname() { return getString("RINGTREE_SOCKET_IFNAME"); }
+
+size_t flightRecorderEntries() {
+  constexpr size_t kDefault = 2048;
+  constexpr size_t kMinimum = 2;
+  const std::string text = getString("RINGTREE_FLIGHT_RECORDER_ENTRIES");
+  if (text.empty()) return kDefault;
+  size_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    throw InvalidArgument("RINGTREE_FLIGHT_RECORDER_ENTRIES must be a non-negative integer, got '" + text + "'");
+  }
+  return value < kMinimum ? kMinimum : value;
+}
+
+std::string flightRecorderDir() { return getString("RINGTREE_FLIGHT_RECORDER_DIR"); }
 
 }  // namespace ringtree::env

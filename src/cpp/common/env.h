@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -31,6 +32,18 @@ std::string shmArena();
 // RINGTREE_SOCKET_IFNAME: network interface whose address TCP connections between ranks
 // use (e.g. "eth0"), when CommunicatorOptions::interface is empty. Default: unset (empty).
 std::string socketIfname();
+
+// RINGTREE_FLIGHT_RECORDER_ENTRIES: how many of its latest collective calls each
+// communicator's flight recorder keeps (<ringtree/flight_recorder.h>). Values below 2
+// count as 2. Default: 2048. Throws InvalidArgument for a value that is not a
+// non-negative integer.
+size_t flightRecorderEntries();
+
+// RINGTREE_FLIGHT_RECORDER_DIR: directory into which each rank writes its flight record
+// as JSON when one of its collectives fails (timeout, network error, mismatch) and when
+// its group is destroyed or aborted (Communicator::dumpFlightRecord). Default: unset
+// (empty: no files).
+std::string flightRecorderDir();
 
 // Reads an environment variable; returns fallback when it is unset.
 std::string getString(const char* name, const std::string& fallback = "");

@@ -413,6 +413,11 @@ FileStore::~FileStore() {
   }
 }
 
+std::shared_ptr<Store> FileStore::clone() {
+  // Not registered: the objects the job created decide when the file goes.
+  return std::make_shared<FileStore>(path_, -1, timeout());
+}
+
 void FileStore::set(const std::string& key, const Bytes& value) {
   impl_->locked(true, [&] { impl_->appendRecord(kSet, key, value); });
 }

@@ -1,6 +1,9 @@
 #include <ringtree/store/hash_store.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
 
 #include <ringtree/error.h>
 
@@ -59,92 +62,102 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
 
 }  // namespace
 
-HashStore::HashStore(Timeout timeout) : Store(timeout) {}
+struct HashStore::State {
+  std::mutex mutex;
+  std::condition_variable changed;
+  Map map;
+};
+
+HashStore::HashStore(Timeout timeout) : HashStore(std::make_shared<State>(), timeout) {}
+
+HashStore::HashStore(std::shared_ptr<State> state, Timeout timeout) : Store(timeout), state_(std::move(state)) {}
+
+std::shared_ptr<Store> HashStore::clone() { return std::shared_ptr<HashStore>(new HashStore(state_, timeout())); }
 
 HashStore::~HashStore() = default;
 
 void HashStore::set(const std::string& key, const Bytes& value) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    map_[key] = value;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->map[key] = value;
   }
-  changed_.notify_all();
+  state_->changed.notify_all();
 }
 
 Bytes HashStore::get(const std::string& key) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  waitForKeys(lock, changed_, map_, {key}, timeout(), "get");
-  return map_.at(key);
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  waitForKeys(lock, state_->changed, state_->map, {key}, timeout(), "get");
+  return state_->map.at(key);
 }
 
 int64_t HashStore::add(const std::string& key, int64_t delta) {
   int64_t result = 0;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = map_.find(key);
-    const int64_t current = it == map_.end() ? 0 : parseCounter(key, it->second);
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const auto it = state_->map.find(key);
+    const int64_t current = it == state_->map.end() ? 0 : parseCounter(key, it->second);
     if (__builtin_add_overflow(current, delta, &result)) {
       throw InvalidArgument("HashStore: add of " + std::to_string(delta) + " to key '" + key +
                             "' (" + std::to_string(current) + ") overflows int64");
     }
-    map_[key] = toBytes(std::to_string(result));
+    state_->map[key] = toBytes(std::to_string(result));
   }
-  changed_.notify_all();
+  state_->changed.notify_all();
   return result;
 }
 
 Bytes HashStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto it = map_.find(key);
-  if (it == map_.end() && !expected.empty()) {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  const auto it = state_->map.find(key);
+  if (it == state_->map.end() && !expected.empty()) {
     return expected;
   }
-  if (it != map_.end() && it->second != expected) {
+  if (it != state_->map.end() && it->second != expected) {
     return it->second;
   }
-  map_[key] = desired;
+  state_->map[key] = desired;
   lock.unlock();
-  changed_.notify_all();
+  state_->changed.notify_all();
   return desired;
 }
 
 bool HashStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return hasAll(map_, keys);
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return hasAll(state_->map, keys);
 }
 
 void HashStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
   requireValidTimeout(timeout);
-  std::unique_lock<std::mutex> lock(mutex_);
-  waitForKeys(lock, changed_, map_, keys, timeout, "wait");
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  waitForKeys(lock, state_->changed, state_->map, keys, timeout, "wait");
 }
 
 bool HashStore::deleteKey(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return map_.erase(key) != 0;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->map.erase(key) != 0;
 }
 
 int64_t HashStore::numKeys() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(map_.size());
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return static_cast<int64_t>(state_->map.size());
 }
 
 void HashStore::append(const std::string& key, const Bytes& value) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Bytes& stored = map_[key];
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    Bytes& stored = state_->map[key];
     stored.insert(stored.end(), value.begin(), value.end());
   }
-  changed_.notify_all();
+  state_->changed.notify_all();
 }
 
 std::vector<Bytes> HashStore::multiGet(const std::vector<std::string>& keys) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  waitForKeys(lock, changed_, map_, keys, timeout(), "multi_get");
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  waitForKeys(lock, state_->changed, state_->map, keys, timeout(), "multi_get");
   std::vector<Bytes> values;
   values.reserve(keys.size());
   for (const auto& key : keys) {
-    values.push_back(map_.at(key));
+    values.push_back(state_->map.at(key));
   }
   return values;
 }

@@ -69,6 +69,8 @@ void PrefixStore::multiSet(const std::vector<std::string>& keys, const std::vect
   store_->multiSet(withPrefix(keys), values);
 }
 
+std::shared_ptr<Store> PrefixStore::clone() { return std::make_shared<PrefixStore>(prefix_, store_->clone()); }
+
 void PrefixStore::setTimeout(Timeout timeout) {
   // Validates (negative: InvalidArgument) before the underlying store is touched.
   Store::setTimeout(timeout);

@@ -74,6 +74,8 @@ class TcpStore::Client {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  const std::string& token() const { return token_; }
+  uint32_t maxMessageBytes() const { return maxMessageBytes_; }
 
   // Sends one request and returns its reply. kOk and kTimeout are returned; the other
   // statuses throw: kInvalidArgument -> InvalidArgument, kError -> StoreError. `timeout`
@@ -300,6 +302,14 @@ TcpStore::~TcpStore() = default;
 int TcpStore::numServerClients() const { return server_ ? server_->numClients() : -1; }
 
 int64_t TcpStore::totalServerClients() const { return server_ ? server_->totalClients() : -1; }
+
+std::shared_ptr<Store> TcpStore::clone() {
+  TcpStoreOptions options;
+  options.port = port_;
+  options.token = client_->token();
+  options.maxMessageBytes = client_->maxMessageBytes();
+  return std::make_shared<TcpStore>(host_, options, timeout());
+}
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   const auto reply = client_->call(proto::Op::kSet, "set", std::move(proto::Writer().str(key).bytes(value)), timeout());

@@ -38,4 +38,40 @@ RINGTREE_API void reduce(Communicator& comm, void* buffer, size_t count, DataTyp
 // Returns once every rank has entered the barrier (dissemination, ceil(log2 n) rounds).
 RINGTREE_API void barrier(Communicator& comm, const BarrierOptions& options = {});
 
+// The gather/scatter family. Per-rank buffers are arrays of size() pointers (one buffer
+// per rank of the communicator, in rank order) with their element counts; all buffers of
+// one call hold the same DataType. Counts must agree across ranks (rank r's view of
+// counts[q] equals rank q's); the call's envelope carries their total, and a message of
+// a size other than expected is a CollectiveMismatchError. Inputs are never written
+// (except where an output aliases them as stated). A buffer of count 0 may be null.
+
+// outputs[r] (counts[r] elements) <- rank r's input (counts[rank] elements), on every
+// rank. `input` may be outputs[rank] itself (in place); other overlaps are undefined.
+RINGTREE_API void allgather(Communicator& comm, const void* input, void* const* outputs, const size_t* counts,
+                            DataType type, const AllgatherOptions& options = {});
+
+// On root: outputs[r] (count elements) <- rank r's input (count elements). On the other
+// ranks `outputs` is not used (may be null). Root's input may be outputs[root].
+RINGTREE_API void gather(Communicator& comm, const void* input, void* const* outputs, size_t count, DataType type,
+                         const GatherOptions& options = {});
+
+// output (count elements) <- root's inputs[rank]. `inputs` is read on root only (may be
+// null elsewhere). Root's output may be inputs[root].
+RINGTREE_API void scatter(Communicator& comm, const void* const* inputs, void* output, size_t count, DataType type,
+                          const ScatterOptions& options = {});
+
+// output (counts[rank] elements) <- op over every rank's inputs[rank] (inputs[r] holds
+// counts[r] elements). Same op semantics and bitwise-identical-across-ranks guarantee as
+// allreduce (AVG, PREMUL_SUM included). output may be inputs[rank] (in place).
+RINGTREE_API void reduceScatter(Communicator& comm, const void* const* inputs, void* output, const size_t* counts,
+                                DataType type, const ReduceScatterOptions& options = {});
+
+// outputs[r] (recvCounts[r] elements) <- rank r's inputs[rank]. This rank sends
+// inputs[p] (sendCounts[p] elements) to every rank p; sendCounts[p] on this rank must
+// equal recvCounts[rank] on rank p. Inputs and outputs must not overlap, except
+// inputs[rank] == outputs[rank] (the local part is copied when they differ).
+RINGTREE_API void alltoall(Communicator& comm, const void* const* inputs, const size_t* sendCounts,
+                           void* const* outputs, const size_t* recvCounts, DataType type,
+                           const AlltoallOptions& options = {});
+
 }  // namespace ringtree

@@ -3,8 +3,10 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ringtree/export.h>
+#include <ringtree/flight_recorder.h>
 #include <ringtree/store/store.h>
 
 namespace ringtree {
@@ -29,16 +31,36 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
 };
 
+// How diagnostics name a communicator (flight-recorder dumps, see
+// <ringtree/flight_recorder.h>).
+struct CommunicatorIdentity {
+  std::string groupName;  // recorded in dumps; "" when the communicator has no name
+  int globalRank = -1;    // this process's rank in the whole job; -1: the communicator's rank
+  // Dumps go to rank_<globalRank>.json for the world, rank_<globalRank>.<groupName>.json
+  // for other groups.
+  bool world = true;
+};
+
 // rank + size + one connection per peer, made through a Store. The object every
 // collective of <ringtree/collectives.h> runs on.
 //
 // Threading: a communicator runs one collective at a time; calls from several threads
 // must be serialised by the caller (the Python layer's per-group worker does this).
+// abort(), isAborted(), flightRecord(), flightRecordJson() and dumpFlightRecord() may be
+// called from any thread at any time.
+//
+// Diagnostics: every collective call is recorded in the communicator's flight recorder
+// (<ringtree/flight_recorder.h>). With size > 1 and no node arena, from its first
+// collective on, a background thread publishes this rank's last started and finished
+// call to the store (through a clone of it made by create(), under "rt/status/<rank>"),
+// at most every 100 ms and only when they changed; when a call times out, its error says
+// which ranks did not enter it and what each was last doing (read from the store, or
+// from the node arena when there is one).
 class RINGTREE_API Communicator {
  public:
   // Collective over the `size` ranks: each calls it with its own rank and a store they
-  // share (keys are written under "rt/comm/"; give each communicator its own
-  // PrefixStore). Blocks until every connection is made; throws NetworkError naming the
+  // share (keys are written under "rt/comm/" and "rt/status/"; give each communicator
+  // its own PrefixStore). Blocks until every connection is made; throws NetworkError naming the
   // peer and its address on failure, StoreError when a peer never published its address
   // within options.timeout, InvalidArgument for a bad rank/size.
   static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
@@ -50,11 +72,35 @@ class RINGTREE_API Communicator {
   int rank() const;
   int size() const;
   std::chrono::milliseconds timeout() const;
-  // "self", "tcp" or "shm": how this rank reaches peer.
+  // "self", "tcp" or "shm": how this rank reaches peer. Throws Error after abort()
+  // released the connections (see ProcessGroup::abort).
   const char* transportTo(int peer) const;
+
+  // Makes the collective running on this communicator, if any, fail within about 100 ms
+  // with Error ("... was aborted"), wherever it waits, and every later one fail at once.
+  // Any thread; idempotent. Connections and shared memory are released when the
+  // communicator is destroyed, or by ProcessGroup::abort() once nothing runs any more.
+  void abort();
+  bool isAborted() const;
+
+  // The calls in this rank's flight recorder, oldest first.
+  std::vector<FlightRecord> flightRecord() const;
+  // The flight record as the JSON document of <ringtree/flight_recorder.h>, recording
+  // `reason` as why it was written.
+  std::string flightRecordJson(const std::string& reason = "") const;
+  // When RINGTREE_FLIGHT_RECORDER_DIR is set: writes flightRecordJson(reason) into that
+  // directory (created if needed; file name from the identity) and returns the file's
+  // path; otherwise returns "". Throws Error naming the path when it cannot be written.
+  std::string dumpFlightRecord(const std::string& reason) const;
+
+  // Names this communicator in diagnostics. Call before its first collective (not
+  // synchronised with one that runs).
+  void setIdentity(const CommunicatorIdentity& identity);
+  const CommunicatorIdentity& identity() const;
 
   // For ringtree's own algorithms (private API).
   detail::CommunicatorImpl& impl() { return *impl_; }
+  const detail::CommunicatorImpl& impl() const { return *impl_; }
 
  private:
   explicit Communicator(std::unique_ptr<detail::CommunicatorImpl> impl);

@@ -11,18 +11,22 @@ namespace ringtree {
 // transport (algorithms/selection.h); RINGTREE_ALGO=<name> replaces kAuto for every call.
 // A collective given an algorithm it does not implement throws InvalidArgument.
 //
-//   allreduce: ring, tree, halving_doubling (recursive doubling below a segment),
-//              shm_direct (one-shot or two-shot through the node arena)
-//   broadcast: tree (binomial), chain (pipelined), shm_direct (root writes, all read)
-//   reduce:    tree (binomial), ring (reduce-scatter + gather)
+//   allreduce:      ring, tree, halving_doubling (recursive doubling below a segment),
+//                   shm_direct (one-shot or two-shot through the node arena)
+//   broadcast:      tree (binomial), chain (pipelined), shm_direct (root writes, all read)
+//   reduce:         tree (binomial), ring (reduce-scatter + gather)
+//   allgather:      ring, halving_doubling (Bruck's doubling: ceil(log2 n) steps, any n), shm_direct
+//   reduce_scatter: ring, pairwise, shm_direct
+//   alltoall:       pairwise, shm_direct
+//   gather/scatter: tree (binomial), linear (root talks to every rank directly)
 //
 // shm_direct runs over a segment shared by every rank of the communicator, which exists
 // only when all ranks are on one host and reach each other over shared memory
 // (RINGTREE_SHM_ARENA=0 disables it); elsewhere asking for it throws InvalidArgument.
 // With that segment, barrier runs over it too.
-enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain, kShmDirect };
+enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain, kShmDirect, kPairwise, kLinear };
 
-// "auto", "ring", "tree", "halving_doubling", "chain", "shm_direct".
+// "auto", "ring", "tree", "halving_doubling", "chain", "shm_direct", "pairwise", "linear".
 RINGTREE_API const char* algorithmName(Algorithm algorithm);
 // Inverse of algorithmName; throws InvalidArgument naming the valid names.
 RINGTREE_API Algorithm parseAlgorithm(const char* name);
@@ -52,6 +56,23 @@ struct ReduceOptions : CollectiveOptions {
   ReduceOp op = ReduceOp::kSum;
   double premulFactor = 1.0;
 };
+
+struct AllgatherOptions : CollectiveOptions {};
+
+struct GatherOptions : CollectiveOptions {
+  int root = 0;
+};
+
+struct ScatterOptions : CollectiveOptions {
+  int root = 0;
+};
+
+struct ReduceScatterOptions : CollectiveOptions {
+  ReduceOp op = ReduceOp::kSum;
+  double premulFactor = 1.0;
+};
+
+struct AlltoallOptions : CollectiveOptions {};
 
 struct BarrierOptions {
   std::chrono::milliseconds timeout{0};

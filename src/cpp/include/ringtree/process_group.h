@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include <ringtree/communicator.h>
 #include <ringtree/export.h>
@@ -73,12 +74,33 @@ class RINGTREE_API ProcessGroup {
   void barrier(const BarrierOptions& options = {});
   std::shared_ptr<Work> barrierAsync(const BarrierOptions& options = {});
 
+  // Any other operation on communicator() (allgather, gather, scatter, reduceScatter,
+  // alltoall of collectives.h, or a sequence of them that forms one logical call), run
+  // under the rules above: `run` is the synchronous form (inline when the group is idle;
+  // `operation` is called exactly once, on this or the worker thread, and is not copied),
+  // `runAsync` the asynchronous one. The caller validates arguments before submitting.
+  // `opName` is a string literal naming the operation in messages.
+  template <typename Operation>
+  void run(const char* opName, Operation&& operation) {
+    runErased(opName, &invokeErased<std::remove_reference_t<Operation>>, &operation);
+  }
+  std::shared_ptr<Work> runAsync(const char* opName, std::function<void()> operation,
+                                 std::shared_ptr<void> keepAlive = nullptr);
+
   // Stops the group: later submissions throw Error. Operations already queued still run,
   // in order (each bounded by its deadline), then the worker thread is joined; returns
   // once nothing runs any more (an inline call on another thread included). Idempotent.
   // Must not be called from a Work callback.
   void shutdown();
   bool isShutdown() const;
+
+  // Aborts the group: refuses later submissions (as shutdown() does), fails the queued
+  // operations with Error without running them, makes the running one fail within about
+  // 100 ms with Error wherever it waits (Communicator::abort), waits for it, stops the
+  // worker thread, and then closes the communicator's connections and node arena (its
+  // peers see this rank leave). Returns once all that is done. Idempotent. Must not be
+  // called from a Work callback.
+  void abort();
 
   // How many synchronous calls ran on the calling thread (the fast path). A debug
   // counter for tests.
@@ -90,6 +112,12 @@ class RINGTREE_API ProcessGroup {
     std::shared_ptr<Work> work;
   };
 
+  template <typename Operation>
+  static void invokeErased(void* operation) {
+    (*static_cast<Operation*>(operation))();
+  }
+  // Runs invoke(operation) on this thread when the group is idle, else queues it and waits.
+  void runErased(const char* opName, void (*invoke)(void*), void* operation);
   // Runs `operation` on this thread when the group is idle, else queues it and waits.
   template <typename Operation>
   void runSync(const char* opName, Operation& operation);
@@ -107,6 +135,7 @@ class RINGTREE_API ProcessGroup {
   std::deque<Task> queue_;
   bool busy_ = false;  // an operation is running (on the worker or inline)
   bool shutdown_ = false;
+  bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
   std::thread worker_;
   std::atomic<uint64_t> inlineCalls_{0};
 };

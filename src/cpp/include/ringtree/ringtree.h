@@ -6,6 +6,7 @@
 #include <ringtree/error.h>
 #include <ringtree/export.h>
 #include <ringtree/options.h>
+#include <ringtree/p2p.h>
 #include <ringtree/process_group.h>
 #include <ringtree/store/file_store.h>
 #include <ringtree/store/hash_store.h>

@@ -49,6 +49,11 @@ class RINGTREE_API Work {
   // The name given at construction ("allreduce", ...).
   const char* opName() const { return opName_; }
 
+  // For a point-to-point receive: the rank the message came from, set by whoever
+  // completes it before finish() (meaningful once isSuccess()); -1 for other operations.
+  int sourceRank() const;
+  void setSourceRank(int rank);
+
   // Runs `callback(*this)` once the operation finished: on the thread that finishes it,
   // after waiters were woken, or at once on the calling thread if it already finished.
   // Callbacks registered before completion run in registration order. A callback must
@@ -68,6 +73,7 @@ class RINGTREE_API Work {
   bool completed_ = false;
   bool finishing_ = false;
   std::exception_ptr exception_;
+  int sourceRank_ = -1;
   std::shared_ptr<void> keepAlive_;
   std::vector<Callback> callbacks_;
 };

@@ -23,11 +23,11 @@ constexpr const char* kSegmentName = "ringtree-arena";
 // First word of the header ("rtarena1" in ASCII, little-endian).
 constexpr uint64_t kArenaMagic = 0x31616e6572617472ULL;
 // Bumped on any change to the layout or the protocol of arena.h.
-constexpr uint32_t kArenaVersion = 1;
+constexpr uint32_t kArenaVersion = 3;
 constexpr size_t kPageBytes = 4096;
 // Control blocks start on their own line after the header.
 constexpr size_t kControlOffset = 256;
-constexpr size_t kControlBlockBytes = 256;
+constexpr size_t kControlBlockBytes = 1024;
 
 // Written once by rank 0 before the segment is shared; read-only afterwards.
 struct Header {
@@ -45,6 +45,39 @@ size_t slotOffsetFor(int size) {
   return roundUp(kControlOffset + static_cast<size_t>(size) * kControlBlockBytes, kPageBytes);
 }
 
+// A fingerprint in four words, a seqlock: [0] sequence, 0 while being rewritten; [1]
+// count; [2] operation | root << 32; [3] dataType | reduceOp << 8 | extra << 32.
+void storeFingerprint(std::atomic<uint64_t>* words, const Envelope& envelope) {
+  words[0].store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  words[1].store(envelope.count, std::memory_order_relaxed);
+  words[2].store(uint64_t{envelope.operation} | uint64_t{static_cast<uint32_t>(envelope.root)} << 32,
+                 std::memory_order_relaxed);
+  words[3].store(uint64_t{envelope.dataType} | uint64_t{envelope.reduceOp} << 8 | uint64_t{envelope.extra} << 32,
+                 std::memory_order_relaxed);
+  words[0].store(envelope.sequence, std::memory_order_release);
+}
+
+// Reads a fingerprint stored by storeFingerprint. Returns false while it is being
+// rewritten or before one was stored (sequence 0).
+bool loadFingerprint(const std::atomic<uint64_t>* words, Envelope* envelope) {
+  const uint64_t sequence = words[0].load(std::memory_order_acquire);
+  const uint64_t count = words[1].load(std::memory_order_relaxed);
+  const uint64_t operationRoot = words[2].load(std::memory_order_relaxed);
+  const uint64_t typeOp = words[3].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (sequence == 0 || words[0].load(std::memory_order_relaxed) != sequence) return false;
+  *envelope = Envelope{};
+  envelope->sequence = sequence;
+  envelope->count = count;
+  envelope->operation = static_cast<uint32_t>(operationRoot);
+  envelope->root = static_cast<int32_t>(static_cast<uint32_t>(operationRoot >> 32));
+  envelope->dataType = static_cast<uint8_t>(typeOp);
+  envelope->reduceOp = static_cast<uint8_t>(typeOp >> 8);
+  envelope->extra = static_cast<uint32_t>(typeOp >> 32);
+  return true;
+}
+
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a futex word is a plain uint32_t");
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -59,12 +92,17 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 struct NodeArena::ControlBlock {
   // Hot line.
   std::atomic<uint32_t> step;  // the futex word; last published step
-  // Fingerprint of the call the rank is in (a seqlock; see publishCall): [0] sequence,
-  // 0 while being rewritten; [1] count; [2] operation | root << 32; [3] dataType |
-  // reduceOp << 8.
+  // Fingerprint of the call the rank is in (see storeFingerprint).
   std::atomic<uint64_t> call[4];
   // Cold line: 1 + the rank whose counter this rank sleeps on; 0 when awake.
   alignas(128) std::atomic<uint32_t> sleepingOn;
+  // Status line, written once at the start and once at the end of each call; read by the
+  // peers only to explain a timeout. Steady-clock nanoseconds.
+  alignas(128) std::atomic<int64_t> startNs;
+  std::atomic<uint64_t> finished;  // sequence << 1 | failed, of the last call finished
+  std::atomic<int64_t> finishedNs;
+  // Fingerprints of the last kHistory calls, at sequence % kHistory (see storeFingerprint).
+  alignas(128) std::atomic<uint64_t> history[kHistory][4];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory words must be lock-free (address-free)");
@@ -81,7 +119,7 @@ NodeArena::NodeArena(Segment segment, int rank, int size, size_t slotBytes, size
 NodeArena::~NodeArena() = default;
 
 NodeArena::ControlBlock& NodeArena::block(int rank) const {
-  static_assert(sizeof(ControlBlock) == kControlBlockBytes, "control block layout");
+  static_assert(sizeof(ControlBlock) <= kControlBlockBytes, "control block layout");
   return *reinterpret_cast<ControlBlock*>(segment_.data() + kControlOffset +
                                           static_cast<size_t>(rank) * kControlBlockBytes);
 }
@@ -162,33 +200,36 @@ uint32_t NodeArena::publish() {
 
 uint32_t NodeArena::peerStep(int rank) const { return block(rank).step.load(std::memory_order_acquire); }
 
-void NodeArena::publishCall(const Envelope& envelope) {
-  std::atomic<uint64_t>* call = block(rank_).call;
-  call[0].store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  call[1].store(envelope.count, std::memory_order_relaxed);
-  call[2].store(uint64_t{envelope.operation} | uint64_t{static_cast<uint32_t>(envelope.root)} << 32,
-                std::memory_order_relaxed);
-  call[3].store(uint64_t{envelope.dataType} | uint64_t{envelope.reduceOp} << 8, std::memory_order_relaxed);
-  call[0].store(envelope.sequence, std::memory_order_release);
+void NodeArena::publishCall(const Envelope& envelope, int64_t startNs) {
+  ControlBlock& mine = block(rank_);
+  // History first: a peer that sees the new latest fingerprint finds it there too.
+  storeFingerprint(mine.history[envelope.sequence % kHistory], envelope);
+  storeFingerprint(mine.call, envelope);
+  mine.startNs.store(startNs, std::memory_order_relaxed);
 }
 
-bool NodeArena::peerCall(int rank, Envelope* envelope) const {
-  const std::atomic<uint64_t>* call = block(rank).call;
-  const uint64_t sequence = call[0].load(std::memory_order_acquire);
-  const uint64_t count = call[1].load(std::memory_order_relaxed);
-  const uint64_t operationRoot = call[2].load(std::memory_order_relaxed);
-  const uint64_t typeOp = call[3].load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (sequence == 0 || call[0].load(std::memory_order_relaxed) != sequence) return false;
-  *envelope = Envelope{};
-  envelope->sequence = sequence;
-  envelope->count = count;
-  envelope->operation = static_cast<uint32_t>(operationRoot);
-  envelope->root = static_cast<int32_t>(static_cast<uint32_t>(operationRoot >> 32));
-  envelope->dataType = static_cast<uint8_t>(typeOp);
-  envelope->reduceOp = static_cast<uint8_t>(typeOp >> 8);
-  return true;
+bool NodeArena::peerCall(int rank, Envelope* envelope) const { return loadFingerprint(block(rank).call, envelope); }
+
+NodeArena::History NodeArena::peerCallAt(int rank, uint64_t sequence, Envelope* envelope) const {
+  if (!loadFingerprint(block(rank).history[sequence % kHistory], envelope)) return History::kRewriting;
+  return envelope->sequence == sequence ? History::kFound : History::kAbsent;
+}
+
+void NodeArena::noteFinished(uint64_t sequence, bool failed, int64_t endNs) {
+  ControlBlock& mine = block(rank_);
+  mine.finishedNs.store(endNs, std::memory_order_relaxed);
+  mine.finished.store(sequence << 1 | (failed ? 1 : 0), std::memory_order_relaxed);
+}
+
+NodeArena::PeerStatus NodeArena::peerStatus(int rank) const {
+  const ControlBlock& theirs = block(rank);
+  PeerStatus status;
+  status.startNs = theirs.startNs.load(std::memory_order_relaxed);
+  const uint64_t finished = theirs.finished.load(std::memory_order_relaxed);
+  status.finishedSequence = finished >> 1;
+  status.finishedFailed = (finished & 1) != 0;
+  status.finishedNs = theirs.finishedNs.load(std::memory_order_relaxed);
+  return status;
 }
 
 void NodeArena::sleepWhile(int rank, uint32_t seen, std::chrono::nanoseconds timeout) {

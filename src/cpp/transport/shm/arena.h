@@ -21,9 +21,12 @@ namespace ringtree::transport::shm {
 //
 // Layout (offsets in bytes, host byte order; every rank runs the same build):
 //   0                      header: magic, version, size, slotBytes, slot offset
-//   kControlOffset + 256 r rank r's control block:
+//   kControlOffset + 1024 r rank r's control block:
 //                            +0   hot line: step counter, published call fingerprint
 //                            +128 cold line: which peer's counter rank r sleeps on
+//                            +256 status line: when the current call started, the last
+//                                 call finished and when (read by diagnostics only)
+//                            +384 history: the fingerprints of rank r's last kHistory calls
 //   slotOffset + slotBytes r   rank r's data slot
 // Each control block is written only by its rank (single writer per line); every rank
 // reads all of them. A slot is written only by its rank and read by all.
@@ -45,9 +48,12 @@ namespace ringtree::transport::shm {
 //    overlaps the previous one (whose readers may still be at work).
 //  - Ordering: data is written with plain stores before publish() (a seq_cst store,
 //    release); readers load the counter with acquire (peerStep()) before reading data.
-//  - Call fingerprint: at the start of every collective call that can use the arena,
-//    the rank publishes the call's Envelope (publishCall(), a seqlock of four words);
-//    peers read it (peerCall()) to check they are in the same call before using data.
+//  - Call fingerprint: at the start of every collective call, the rank publishes the
+//    call's Envelope (publishCall(), a seqlock of four words) in its hot line and in its
+//    history (slot sequence % kHistory, a seqlock each); peers read the latest
+//    (peerCall()) to check they are in the same call before using data, and the history
+//    (peerCallAt()) to check the call a peer that moved on made at their own sequence
+//    number.
 //  - Sleeping (no lost wake-ups): the sleeper stores which rank's counter it waits on
 //    in its cold line (seq_cst), re-reads that counter and FUTEX_WAITs on it (shared, not
 //    private: the word is in a MAP_SHARED mapping of several processes) while it is
@@ -111,11 +117,39 @@ class NodeArena {
   // `rank`'s counter (acquire). May be called for this rank too.
   uint32_t peerStep(int rank) const;
 
-  // Publishes the fingerprint of the call this rank enters (envelope.sequence != 0).
-  void publishCall(const Envelope& envelope);
+  // How many of its latest calls' fingerprints each rank keeps in its history.
+  static constexpr int kHistory = 16;
+
+  // Publishes the fingerprint of the call this rank enters (envelope.sequence != 0) and
+  // when it entered it (steady-clock nanoseconds: CLOCK_MONOTONIC, one time base for
+  // every process of the host; 0: unknown).
+  void publishCall(const Envelope& envelope, int64_t startNs = 0);
   // Reads `rank`'s published fingerprint into *envelope. Returns false when the rank is
   // rewriting it right now (try again) or has not published one yet (sequence 0).
   bool peerCall(int rank, Envelope* envelope) const;
+
+  // What `rank`'s history says of its call with `sequence`.
+  enum class History {
+    kFound,      // *envelope holds it
+    kRewriting,  // its slot is being rewritten, or was never written: ask again when the
+                 // rank's latest call (peerCall) is at or past `sequence`
+    kAbsent,     // its slot holds another call: an older one (the rank has not made this
+                 // call yet) or a later one (it made kHistory more calls since)
+  };
+  History peerCallAt(int rank, uint64_t sequence, Envelope* envelope) const;
+
+  // Records that this rank finished its call `sequence` (failed or not) at `endNs`
+  // (steady clock), for the peers' diagnostics.
+  void noteFinished(uint64_t sequence, bool failed, int64_t endNs);
+  // What `rank` last recorded with publishCall() and noteFinished() (relaxed reads: for
+  // diagnostics, where the rank is usually stuck).
+  struct PeerStatus {
+    int64_t startNs = 0;  // when its latest call started (steady clock)
+    uint64_t finishedSequence = 0;
+    bool finishedFailed = false;
+    int64_t finishedNs = 0;
+  };
+  PeerStatus peerStatus(int rank) const;
 
   // Sleeps in FUTEX_WAIT on `rank`'s counter while it still holds `seen`, at most
   // `timeout` (spurious and early returns happen: the caller re-checks).

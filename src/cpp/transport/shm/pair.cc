@@ -16,14 +16,6 @@ namespace ringtree::transport::shm {
 
 namespace {
 
-std::string envelopeText(const Envelope& e, size_t bytes) {
-  std::ostringstream out;
-  out << bytes << " bytes (sequence " << e.sequence << ", operation " << e.operation << ", data type "
-      << static_cast<int>(e.dataType) << ", reduce op " << static_cast<int>(e.reduceOp) << ", count "
-      << e.count << ", root " << e.root << ")";
-  return out.str();
-}
-
 // Claims a sleeper's flag after a seq_cst fence (the waker's half of the eventcount in
 // protocol.h): true when the peer was asleep and must be sent a wake-up byte.
 bool claimSleeper(std::atomic<uint32_t>& flag) {
@@ -73,6 +65,7 @@ void ShmPair::postSend(const Envelope& envelope, const void* data, size_t bytes)
   op.written = 0;
   op.headerWritten = false;
   op.direct = peerReadsDirect_ && bytes > 0 && bytes >= directCopyThreshold_;
+  op.number = sendsPosted_++;
   sends_.push_back(op);
 }
 
@@ -97,21 +90,17 @@ bool ShmPair::progress() {
   try {
     if (owedWakeBytes_ > 0) drainWakeBytes();
     if (idle()) return true;
-    if (++callsSinceClock_ >= kClockCheckCalls) {
-      callsSinceClock_ = 0;
-      const auto now = net::Clock::now();
-      if (now - lastHealthCheck_ >= kHealthCheckInterval) {
-        lastHealthCheck_ = now;
-        checkPeerAlive();
-      }
-    }
+    checkPeerAliveNowAndThen();
     // Once the peer is gone its head and tail are final: if this pass, which loads them
     // after the hang-up was seen, moves nothing, nothing will ever move again.
     const bool peerWasClosed = peerClosed_;
     bool moved = progressSends();
     moved = progressRecvs() || moved;
     if (idle()) return true;
-    if (peerWasClosed && !moved) throwPeerGone();
+    if (peerWasClosed && !moved) {
+      if (recvs_.empty()) throwIfNoticeOrOtherCall(nullptr);  // why it left, when it said
+      throwPeerGone();
+    }
     return false;
   } catch (...) {
     failure_ = std::current_exception();
@@ -119,11 +108,72 @@ bool ShmPair::progress() {
   }
 }
 
+size_t ShmPair::pendingSends() const {
+  if (directInFlight_.empty()) return sends_.size();
+  return static_cast<size_t>(sendsPosted_ - directInFlight_.front().number);
+}
+
+bool ShmPair::peekIncoming(Envelope* envelope, size_t* bytes) {
+  rethrowIfFailed();
+  if (!recvs_.empty()) return false;
+  try {
+    if (owedWakeBytes_ > 0) drainWakeBytes();
+    checkPeerAliveNowAndThen();
+    // As in progress(): a header that is not there after the hang-up was seen never comes.
+    const bool peerWasClosed = peerClosed_;
+    const uint64_t end = alignToCacheLine(readPosition_) + sizeof(MessageHeader);
+    if (cachedHead_ < end && reloadHead() < end) {
+      if (peerWasClosed) throwPeerGone();
+      return false;
+    }
+    MessageHeader header;
+    std::memcpy(&header, rxRing_ + (end - sizeof(MessageHeader)) % rxRingBytes_, sizeof(header));
+    validateHeader(header);
+    *envelope = header.envelope;
+    *bytes = header.bytes;
+    return true;
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+}
+
+void ShmPair::checkIncoming(const Envelope* current) {
+  rethrowIfFailed();
+  if (!recvs_.empty()) return;
+  try {
+    if (owedWakeBytes_ > 0) drainWakeBytes();
+    checkPeerAliveNowAndThen();
+    throwIfNoticeOrOtherCall(current);
+    // A peer that left before reading what this side wrote never will.
+    if (peerClosed_ && (!sends_.empty() || !directInFlight_.empty() || reloadTail() < writePosition_)) {
+      throwPeerGone();
+    }
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+}
+
+void ShmPair::throwIfNoticeOrOtherCall(const Envelope* current) {
+  const uint64_t end = alignToCacheLine(readPosition_) + sizeof(MessageHeader);
+  if (cachedHead_ < end && reloadHead() < end) return;
+  MessageHeader header;
+  std::memcpy(&header, rxRing_ + (end - sizeof(MessageHeader)) % rxRingBytes_, sizeof(header));
+  validateHeader(header);
+  const bool otherCall =
+      current != nullptr && header.envelope.sequence == current->sequence && header.envelope != *current;
+  if (!isNotice(header.envelope) && !otherCall) return;
+  throw EnvelopeMismatch(peerRank(), current != nullptr ? *current : Envelope{}, 0, header.envelope, header.bytes,
+                         peerDescription() + " sent " + envelopeText(header.envelope, header.bytes) +
+                             " where no message was expected");
+}
+
 bool ShmPair::progressSends() {
   bool moved = false;
   if (!directInFlight_.empty()) {
-    if (cachedTail_ < directInFlight_.front()) reloadTail();
-    while (!directInFlight_.empty() && cachedTail_ >= directInFlight_.front()) {
+    if (cachedTail_ < directInFlight_.front().headerEnd) reloadTail();
+    while (!directInFlight_.empty() && cachedTail_ >= directInFlight_.front().headerEnd) {
       directInFlight_.pop_front();
       moved = true;
     }
@@ -145,7 +195,7 @@ bool ShmPair::progressSends() {
       op.headerWritten = true;
       moved = true;
       if (op.direct) {
-        directInFlight_.push_back(end);
+        directInFlight_.push_back(DirectSend{end, op.number});
         sends_.pop_front();
         continue;
       }
@@ -214,7 +264,7 @@ bool ShmPair::progressRecvs() {
   return moved;
 }
 
-void ShmPair::checkHeader(const MessageHeader& header, const RecvOp& op) const {
+void ShmPair::validateHeader(const MessageHeader& header) const {
   const bool inlineKind = header.kind == static_cast<uint32_t>(MessageKind::kInline);
   const bool directKind = header.kind == static_cast<uint32_t>(MessageKind::kDirect);
   if (header.marker != kHeaderMarker || (!inlineKind && !directKind)) {
@@ -223,13 +273,17 @@ void ShmPair::checkHeader(const MessageHeader& header, const RecvOp& op) const {
          << std::hex << header.marker << ", kind " << std::dec << header.kind << ")";
     throwProtocolError(what.str());
   }
+  if (directKind && !weReadDirect_) {
+    throwProtocolError("sent a direct-copy message although this process cannot read its memory");
+  }
+}
+
+void ShmPair::checkHeader(const MessageHeader& header, const RecvOp& op) const {
+  validateHeader(header);
   if (header.envelope != op.expected || header.bytes != op.bytes) {
     throw EnvelopeMismatch(peerRank(), op.expected, op.bytes, header.envelope, header.bytes,
                            peerDescription() + " sent a message of " + envelopeText(header.envelope, header.bytes) +
                                " where this rank expected " + envelopeText(op.expected, op.bytes));
-  }
-  if (directKind && !weReadDirect_) {
-    throwProtocolError("sent a direct-copy message although this process cannot read its memory");
   }
 }
 
@@ -399,11 +453,25 @@ void ShmPair::checkPeerAlive() {
   }
 }
 
-void ShmPair::armWait(pollfd* pfd) {
+void ShmPair::checkPeerAliveNowAndThen() {
+  if (++callsSinceClock_ < kClockCheckCalls) return;
+  callsSinceClock_ = 0;
+  const auto now = net::Clock::now();
+  if (now - lastHealthCheck_ >= kHealthCheckInterval) {
+    lastHealthCheck_ = now;
+    checkPeerAlive();
+  }
+}
+
+void ShmPair::armWait(pollfd* pfd) { arm(pfd, /*incoming=*/false); }
+
+void ShmPair::armWaitForIncoming(pollfd* pfd) { arm(pfd, /*incoming=*/true); }
+
+void ShmPair::arm(pollfd* pfd, bool incoming) {
   pfd->fd = socket_.fd();
   pfd->events = POLLIN;
   pfd->revents = 0;
-  armedRead_ = !recvs_.empty();
+  armedRead_ = incoming || !recvs_.empty();
   armedWrite_ = !sends_.empty() || !directInFlight_.empty();
   if (armedRead_) rxControl_->readerSleeping.store(1, std::memory_order_relaxed);
   if (armedWrite_) txControl_->writerSleeping.store(1, std::memory_order_relaxed);
@@ -458,6 +526,7 @@ void ShmPair::sendNotice(const Envelope& notice, net::Deadline deadline) noexcep
   } catch (...) {
     // Best effort: a failure only means the peer does not learn why this rank gave up.
   }
+  ::shutdown(socket_.fd(), SHUT_WR);
   sends_.clear();
   directInFlight_.clear();
   recvs_.clear();
@@ -488,12 +557,12 @@ std::string ShmPair::pendingText() const {
 }
 
 void ShmPair::throwProtocolError(const std::string& what) const {
-  throw NetworkError(peerDescription() + " broke the shared-memory protocol: " + what + "; pending: " +
+  throw PeerError(peerRank(), peerDescription() + " broke the shared-memory protocol: " + what + "; pending: " +
                      pendingText());
 }
 
 void ShmPair::throwPeerGone() const {
-  throw NetworkError(peerDescription() + " closed the shared-memory connection (its process exited or its pair " +
+  throw PeerError(peerRank(), peerDescription() + " closed the shared-memory connection (its process exited or its pair " +
                      "was destroyed); pending: " + pendingText());
 }
 

@@ -57,11 +57,12 @@ struct PairSetup {
 // NetworkError.
 //
 // Sleeping (the eventcount of protocol.h): armWait() raises this side's flags in shared
-// memory (readerSleeping while receives are posted, writerSleeping while sends wait for
-// ring space or a direct-copy completion) and returns {socket, POLLIN}. A peer that
-// publishes data, space or a completion and finds the flag raised clears it and writes
-// one byte to the socket. disarmWait() lowers the flags, counting the bytes the peer sent
-// or is about to send, which it and progress() drain.
+// memory (readerSleeping while receives are posted or, from armWaitForIncoming(), always;
+// writerSleeping while sends wait for ring space or a direct-copy completion) and
+// returns {socket, POLLIN}. A peer that publishes data, space or a completion and finds
+// the flag raised clears it and writes one byte to the socket. disarmWait() lowers the
+// flags, counting the bytes the peer sent or is about to send, which it and progress()
+// drain.
 //
 // Everything read from the peer (head, tail, headers) is validated before use: a peer
 // that breaks the protocol makes this side throw NetworkError (or EnvelopeMismatch for
@@ -80,12 +81,23 @@ class ShmPair final : public Pair {
   // elementSize is 0, above kMaxElementBytes or not a divisor of bytes.
   void postRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) override;
   bool progress() override;
+  // A kDirect send counts as pending (and so does every send posted after it) until the
+  // peer has pulled its payload.
+  size_t pendingSends() const override;
+  size_t pendingRecvs() const override { return recvs_.size(); }
+  // Reads the header at our tail, validated like a received one; the message stays in
+  // the ring. Notices the peer's departure the way progress() does.
+  bool peekIncoming(Envelope* envelope, size_t* bytes) override;
+  void checkIncoming(const Envelope* current) override;
   void armWait(pollfd* pfd) override;
+  // armWait() that also raises readerSleeping with no receive posted.
+  void armWaitForIncoming(pollfd* pfd) override;
   void disarmWait() override;
   // At a message boundary of our ring (no inline payload partly written; a kDirect
   // header already there is fine, the notice follows it), writes the notice as a
   // header-only inline message once the ring has room for it, publishes it and wakes the
-  // peer. A kDirect send announced before stays readable by the peer (process_vm_readv of
+  // peer, then shuts down the socket's sending direction (the peer sees a hang-up after
+  // the notice). A kDirect send announced before stays readable by the peer (process_vm_readv of
   // its buffer) until the peer's receive moves past it or fails.
   void sendNotice(const Envelope& notice, net::Deadline deadline) noexcept override;
 
@@ -109,6 +121,12 @@ class ShmPair final : public Pair {
     size_t written;      // payload bytes in the ring
     bool headerWritten;
     bool direct;
+    uint64_t number;     // position among all sends posted (0, 1, ...)
+  };
+  // A kDirect send whose header is in the ring: finished once the peer's tail passes it.
+  struct DirectSend {
+    uint64_t headerEnd;
+    uint64_t number;     // SendOp::number
   };
   struct RecvOp {
     Envelope expected;
@@ -133,7 +151,9 @@ class ShmPair final : public Pair {
   void pullDirect(RecvOp& op);
   // Reads bytes at the peer's address into dst with process_vm_readv; throws NetworkError.
   void readPeerMemory(uint8_t* dst, uint64_t address, size_t bytes, const RecvOp& op);
-  // Checks the header of the message that arrived for op; throws on a mismatch.
+  // Checks that the header at our tail is well formed (marker, kind); throws NetworkError.
+  void validateHeader(const MessageHeader& header) const;
+  // validateHeader(), then checks that it matches op; throws EnvelopeMismatch otherwise.
   void checkHeader(const MessageHeader& header, const RecvOp& op) const;
 
   // Reload the peer-owned counter, validating it; return the new value.
@@ -147,6 +167,12 @@ class ShmPair final : public Pair {
   void drainWakeBytes();
   // Non-blocking poll() of the socket for a hang-up.
   void checkPeerAlive();
+  // checkPeerAlive() when kHealthCheckInterval has passed (reading the clock every
+  // kClockCheckCalls calls only).
+  void checkPeerAliveNowAndThen();
+  // Sets the sleeping flags for the operations posted (readerSleeping also when
+  // `incoming`) and fills *pfd: armWait() and armWaitForIncoming().
+  void arm(pollfd* pfd, bool incoming);
   // Waits (sleeping as a writer, see armWait) until our ring has room up to position
   // `end` or the deadline passes or the peer goes away; returns whether it has room.
   // Throws NetworkError when the peer corrupted the tail.
@@ -154,6 +180,9 @@ class ShmPair final : public Pair {
 
   [[noreturn]] void throwProtocolError(const std::string& what) const;
   [[noreturn]] void throwPeerGone() const;
+  // With no receive posted: throws EnvelopeMismatch when the message at our tail is a
+  // notice or, with `current`, a message of current->sequence that differs from it.
+  void throwIfNoticeOrOtherCall(const Envelope* current);
   std::string pendingText() const;
   void rethrowIfFailed() const;
 
@@ -172,11 +201,12 @@ class ShmPair final : public Pair {
   const size_t directCopyThreshold_;
 
   // Sender side.
-  std::deque<SendOp> sends_;             // not yet completely in the ring
-  std::deque<uint64_t> directInFlight_;  // header ends of kDirect sends the peer reads
-  uint64_t writePosition_ = 0;           // our head (bytes written)
-  uint64_t publishedHead_ = 0;           // last value stored in txControl_->head
-  uint64_t cachedTail_ = 0;              // last validated peer tail
+  std::deque<SendOp> sends_;               // not yet completely in the ring
+  std::deque<DirectSend> directInFlight_;  // kDirect sends the peer reads
+  uint64_t sendsPosted_ = 0;               // SendOp::number of the next send
+  uint64_t writePosition_ = 0;             // our head (bytes written)
+  uint64_t publishedHead_ = 0;             // last value stored in txControl_->head
+  uint64_t cachedTail_ = 0;                // last validated peer tail
 
   // Receiver side.
   std::deque<RecvOp> recvs_;

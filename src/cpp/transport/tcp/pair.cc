@@ -1,12 +1,13 @@
 #include "transport/tcp/pair.h"
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
 #include <ringtree/error.h>
 
@@ -18,14 +19,6 @@ namespace {
 constexpr int kMaxIovecs = 64;
 
 bool isClosedError(int error) { return error == EPIPE || error == ECONNRESET || error == ENOTCONN; }
-
-std::string envelopeText(const Envelope& e, size_t bytes) {
-  std::ostringstream out;
-  out << bytes << " bytes (sequence " << e.sequence << ", operation " << e.operation << ", data type "
-      << static_cast<int>(e.dataType) << ", reduce op " << static_cast<int>(e.reduceOp) << ", count "
-      << e.count << ", root " << e.root << ")";
-  return out.str();
-}
 
 void setBufferSize(int fd, int option, int bytes, const char* name) {
   if (::setsockopt(fd, SOL_SOCKET, option, &bytes, sizeof(bytes)) != 0) {
@@ -250,6 +243,73 @@ bool TcpPair::progressRecvs() {
   return moved;
 }
 
+bool TcpPair::peekIncoming(Envelope* envelope, size_t* bytes) {
+  rethrowIfFailed();
+  if (!recvs_.empty()) return false;
+  try {
+    while (staged() < sizeof(WireHeader)) {
+      if (!fillStaging()) return false;
+    }
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+  WireHeader header;
+  std::memcpy(&header, staging_.get() + stagingBegin_, sizeof(header));
+  *envelope = header.envelope;
+  *bytes = header.bytes;
+  return true;
+}
+
+void TcpPair::checkIncoming(const Envelope* current) {
+  rethrowIfFailed();
+  if (!recvs_.empty()) return;
+  try {
+    if (staged() < sizeof(WireHeader)) {
+      // fillStaging() would take the end of the stream for an error; here it is one only
+      // when the peer left before its kernel took what this side sent (a peer that read
+      // everything and closed its communicator is not a failure yet).
+      if (stagingBegin_ == stagingEnd_) stagingBegin_ = stagingEnd_ = 0;
+      for (;;) {
+        const ssize_t n = ::recv(socket_.fd(), staging_.get() + stagingEnd_, kStagingBytes - stagingEnd_,
+                                 MSG_DONTWAIT);
+        if (n > 0) {
+          stagingEnd_ += static_cast<size_t>(n);
+          break;
+        }
+        if (n == 0) {
+          if (unacknowledgedBytes() > 0) throwClosed(0, /*sending=*/true);
+          break;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        const int error = errno;
+        if (isClosedError(error)) throwClosed(error, /*sending=*/true);
+        throwFailed(error, /*sending=*/false);
+      }
+    }
+    if (staged() < sizeof(WireHeader)) return;
+    WireHeader header;
+    std::memcpy(&header, staging_.get() + stagingBegin_, sizeof(header));
+    const bool otherCall = current != nullptr && header.envelope.sequence == current->sequence &&
+                           header.envelope != *current;
+    if (!isNotice(header.envelope) && !otherCall) return;
+    const Envelope expected = current != nullptr ? *current : Envelope{};
+    throw EnvelopeMismatch(peerRank(), expected, 0, header.envelope, header.bytes,
+                           "rank " + std::to_string(selfRank_) + " received from " + peerDescription() + " " +
+                               envelopeText(header.envelope, header.bytes) + " where it expected no message");
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+}
+
+size_t TcpPair::unacknowledgedBytes() const {
+  int queued = 0;
+  if (::ioctl(socket_.fd(), SIOCOUTQ, &queued) != 0) return 0;
+  return queued > 0 ? static_cast<size_t>(queued) : 0;
+}
+
 void TcpPair::armWait(pollfd* pfd) {
   pfd->fd = socket_.fd();
   // POLLIN only with a receive posted: bytes that arrive early for a later receive must
@@ -257,6 +317,11 @@ void TcpPair::armWait(pollfd* pfd) {
   // while only sends are pending (errors and hang-ups are always reported).
   pfd->events = static_cast<short>(POLLRDHUP | (recvs_.empty() ? 0 : POLLIN) | (sends_.empty() ? 0 : POLLOUT));
   pfd->revents = 0;
+}
+
+void TcpPair::armWaitForIncoming(pollfd* pfd) {
+  armWait(pfd);
+  pfd->events = static_cast<short>(pfd->events | POLLIN);
 }
 
 void TcpPair::disarmWait() {}
@@ -269,6 +334,7 @@ void TcpPair::sendNotice(const Envelope& notice, net::Deadline deadline) noexcep
     // Best effort: a failure only means the peer does not learn why this rank gave up.
     net::sendAll(socket_.fd(), &header, sizeof(header), deadline);
   }
+  ::shutdown(socket_.fd(), SHUT_WR);
   sends_.clear();
   recvs_.clear();
   if (failure_) return;
@@ -289,7 +355,7 @@ std::string TcpPair::currentSendText() const {
 }
 
 std::string TcpPair::currentRecvText() const {
-  if (recvs_.empty()) return "receive";
+  if (recvs_.empty()) return "the wait for the next message";
   const RecvOp& op = recvs_.front();
   return "receive of " + envelopeText(op.expected, op.bytes) + " (" +
          (headerDone_ ? std::to_string(delivered_) + " bytes received" : std::string("header not yet received")) +
@@ -297,14 +363,14 @@ std::string TcpPair::currentRecvText() const {
 }
 
 void TcpPair::throwClosed(int error, bool sending) const {
-  throw NetworkError("rank " + std::to_string(selfRank_) + ": connection to " + peerDescription() +
+  throw PeerError(peerRank(), "rank " + std::to_string(selfRank_) + ": connection to " + peerDescription() +
                      " closed during " + (sending ? currentSendText() : currentRecvText()) +
                      (error == 0 ? std::string(": end of stream") : ": " + net::errnoText(error)) +
                      " (the peer process exited, crashed or closed its communicator)");
 }
 
 void TcpPair::throwFailed(int error, bool sending) const {
-  throw NetworkError("rank " + std::to_string(selfRank_) + ": " + (sending ? currentSendText() : currentRecvText()) +
+  throw PeerError(peerRank(), "rank " + std::to_string(selfRank_) + ": " + (sending ? currentSendText() : currentRecvText()) +
                      (sending ? " to " : " from ") + peerDescription() + " failed: " + net::errnoText(error));
 }
 

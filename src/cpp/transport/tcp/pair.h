@@ -48,10 +48,18 @@ class TcpPair final : public Pair {
   void postRecv(const Envelope& expected, void* data, size_t bytes,
                 const Accumulate& accumulate) override;
   bool progress() override;
+  size_t pendingSends() const override { return sends_.size(); }
+  size_t pendingRecvs() const override { return recvs_.size(); }
+  // Reads whatever the socket holds into the staging buffer until a whole header is
+  // there; the message then waits in staging (and the socket) for its receive.
+  bool peekIncoming(Envelope* envelope, size_t* bytes) override;
+  void checkIncoming(const Envelope* current) override;
   void armWait(pollfd* pfd) override;
+  void armWaitForIncoming(pollfd* pfd) override;
   void disarmWait() override;
   // Writes the notice's header straight to the socket (net::sendAll), unless a send is
   // partly written: then the stream is not at a message boundary and nothing is sent.
+  // Then shuts down the sending direction, which wakes a peer polling for POLLRDHUP.
   void sendNotice(const Envelope& notice, net::Deadline deadline) noexcept override;
 
   // Staging buffer capacity (also the largest chunk reduced at once).
@@ -82,11 +90,13 @@ class TcpPair final : public Pair {
   size_t staged() const { return stagingEnd_ - stagingBegin_; }
   // Checks the header of the message that arrived for recvs_.front().
   void checkHeader(const WireHeader& header) const;
-  // NetworkError for the send or receive in progress: the peer closed the connection
+  // Bytes this side sent that the peer's kernel has not acknowledged yet (SIOCOUTQ).
+  size_t unacknowledgedBytes() const;
+  // PeerError for the send or receive in progress: the peer closed the connection
   // (error 0: end of stream), or another errno value.
   [[noreturn]] void throwClosed(int error, bool sending) const;
   [[noreturn]] void throwFailed(int error, bool sending) const;
-  // "send of 4096 bytes (sequence 3, ...)" for the operation in progress.
+  // "send of 4096 bytes of allreduce(seq=3, ...)" for the operation in progress.
   std::string currentSendText() const;
   std::string currentRecvText() const;
   void rethrowIfFailed() const;

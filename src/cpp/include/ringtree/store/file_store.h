@@ -36,6 +36,7 @@ class RINGTREE_API FileStore : public Store {
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
   void append(const std::string& key, const Bytes& value) override;
+  std::shared_ptr<Store> clone() override;
 
  private:
   class Impl;

@@ -1,15 +1,13 @@
 #pragma once
 
-#include <condition_variable>
-#include <mutex>
-#include <unordered_map>
+#include <memory>
 
 #include <ringtree/store/store.h>
 
 namespace ringtree {
 
-// An in-process store: all users share one object (threads of one process). Useful for
-// tests and for single-process jobs.
+// An in-process store: all users share one object, or clones of it (threads of one
+// process). Useful for tests and for single-process jobs.
 class RINGTREE_API HashStore : public Store {
  public:
   explicit HashStore(Timeout timeout = kDefaultTimeout);
@@ -25,12 +23,14 @@ class RINGTREE_API HashStore : public Store {
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
   void append(const std::string& key, const Bytes& value) override;
+  std::shared_ptr<Store> clone() override;
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
 
  private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::unordered_map<std::string, Bytes> map_;
+  struct State;  // the map, its mutex and its condition variable; shared by clones
+  HashStore(std::shared_ptr<State> state, Timeout timeout);
+
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace ringtree

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,16 @@ class RINGTREE_API Store {
 
   // set() of several keys; keys.size() must equal values.size().
   virtual void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values);
+
+  // A new object over the same keys and values that another thread may use at the same
+  // time as this one without waiting behind its requests: HashStore shares the map,
+  // FileStore opens the same file, TcpStore makes its own connection to the same server
+  // (with the same shared secret), PrefixStore keeps its prefix over a clone of its
+  // underlying store. The clone starts with this store's timeout and is independent
+  // afterwards (setTimeout on one does not change the other). Throws what the
+  // constructor of the store throws (TcpStore: NetworkError when the server cannot be
+  // reached within the timeout).
+  virtual std::shared_ptr<Store> clone() = 0;
 
   // The timeout used by get() and wait() without an explicit one.
   Timeout timeout() const { return Timeout(timeoutMs_.load()); }

@@ -72,6 +72,7 @@ class RINGTREE_API TcpStore : public Store {
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
   void append(const std::string& key, const Bytes& value) override;
+  std::shared_ptr<Store> clone() override;
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
 

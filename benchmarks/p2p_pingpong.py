@@ -1,0 +1,104 @@
+"""Point-to-point ping-pong between two ranks: one-way time and bandwidth.
+
+Runs as one of two ranks, under either launcher:
+
+* ringtree: ``RINGTREE_TRANSPORT=shm ringtree-run --nproc-per-node 2 benchmarks/p2p_pingpong.py``
+  measures ``ringtree.send``/``ringtree.recv`` and ``ringtree.isend``/``ringtree.irecv``
+  followed by ``Work.wait()`` (``RINGTREE_TRANSPORT=tcp`` for TCP);
+* mpi4py: ``mpirun -n 2 python benchmarks/p2p_pingpong.py --mpi`` measures
+  ``Comm.Send``/``Comm.Recv`` and ``Comm.Isend``/``Comm.Irecv`` followed by ``Wait()``
+  (Open MPI picks shared memory on one host; ``--mca btl self,tcp`` forces TCP).
+
+Rank 0 sends and then receives, rank 1 the reverse; the one-way time is half a round
+trip, averaged over the iterations of one run, and each figure is the best of
+``--repeats`` runs (the machine may be shared: the best run is the least disturbed).
+Buffers are NumPy uint8 arrays. Rank 0 prints one line per mode and size:
+``size  mode  time(us)  algbw(GB/s)``, decimal GB/s.
+
+Usage: ``... benchmarks/p2p_pingpong.py [--mpi] [--sizes 8,67108864] [--repeats 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+# Round trips per run: enough for a stable average, few enough for a quick run.
+_ITERATIONS_SMALL = 3000
+_ITERATIONS_LARGE = 4
+_LARGE_BYTES = 1 << 20
+
+
+def _ringtree_modes():
+    import ringtree as dist
+
+    dist.init_process_group("gloo")
+    peer = 1 - dist.get_rank()
+
+    def blocking(sending, buf):
+        if sending:
+            dist.send(buf, peer)
+        else:
+            dist.recv(buf, peer)
+
+    def asynchronous(sending, buf):
+        (dist.isend(buf, peer) if sending else dist.irecv(buf, peer)).wait()
+
+    return dist.get_rank(), {"send/recv": blocking, "isend/irecv+wait": asynchronous}, dist.destroy_process_group
+
+
+def _mpi_modes():
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    peer = 1 - comm.Get_rank()
+
+    def blocking(sending, buf):
+        if sending:
+            comm.Send(buf, dest=peer, tag=0)
+        else:
+            comm.Recv(buf, source=peer, tag=0)
+
+    def asynchronous(sending, buf):
+        (comm.Isend(buf, dest=peer, tag=0) if sending else comm.Irecv(buf, source=peer, tag=0)).Wait()
+
+    return comm.Get_rank(), {"Send/Recv": blocking, "Isend/Irecv+Wait": asynchronous}, lambda: None
+
+
+def one_way_seconds(rank: int, step, nbytes: int, repeats: int) -> float:
+    """Best over `repeats` runs of the mean one-way time of `nbytes` messages."""
+    buf = np.ones(nbytes, dtype=np.uint8)
+    iterations = _ITERATIONS_LARGE if nbytes >= _LARGE_BYTES else _ITERATIONS_SMALL
+    warmup = iterations // 10 + 1
+    best = float("inf")
+    for _ in range(repeats):
+        for i in range(warmup + iterations):
+            if i == warmup:
+                start = time.perf_counter()
+            step(rank == 0, buf)
+            step(rank != 0, buf)
+        best = min(best, (time.perf_counter() - start) / iterations / 2)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mpi", action="store_true", help="measure mpi4py instead of ringtree")
+    parser.add_argument("--sizes", default="8,67108864", help="message sizes in bytes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the best is printed")
+    args = parser.parse_args()
+    rank, modes, finish = _mpi_modes() if args.mpi else _ringtree_modes()
+    if rank == 0:
+        print(f"{'size':>10}  {'mode':<18} {'time(us)':>9} {'algbw(GB/s)':>11}", flush=True)
+    for nbytes in (int(size) for size in args.sizes.split(",")):
+        for name, step in modes.items():
+            seconds = one_way_seconds(rank, step, nbytes, args.repeats)
+            if rank == 0:
+                print(f"{nbytes:>10}  {name:<18} {seconds * 1e6:>9.2f} {nbytes / seconds / 1e9:>11.2f}", flush=True)
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,578 @@
+#include "p2p/engine.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <utility>
+
+#include <ringtree/error.h>
+#include <ringtree/p2p.h>
+
+#include "common/cpu.h"
+#include "common/logging.h"
+#include "communicator_impl.h"
+#include "p2p/wire.h"
+
+// The engine's life cycle, its entry points, progress and the progress thread. Matching
+// is in matching.cc, completions and failures in failures.cc.
+namespace ringtree::detail {
+
+namespace {
+
+using Clock = net::Clock;
+
+constexpr int kAnySource = PointToPoint::kAnySource;
+
+std::shared_ptr<Communicator> nonNull(std::shared_ptr<Communicator> communicator) {
+  if (communicator == nullptr) throw InvalidArgument("PointToPoint: the communicator is null");
+  return communicator;
+}
+
+// Payload bytes of count elements of type; throws InvalidArgument for an unknown type or
+// a size that does not fit in size_t.
+size_t payloadBytes(size_t count, DataType type, const char* op) {
+  const size_t element = elementSize(type);
+  if (count > std::numeric_limits<size_t>::max() / element) {
+    throw InvalidArgument(std::string(op) + ": " + std::to_string(count) + " elements of " +
+                          dataTypeName(type) + " do not fit in memory");
+  }
+  return count * element;
+}
+
+}  // namespace
+
+PointToPointEngine::PointToPointEngine(std::shared_ptr<Communicator> communicator)
+    : communicator_(nonNull(std::move(communicator))),
+      rank_(communicator_->rank()),
+      size_(communicator_->size()),
+      timeout_(communicator_->timeout()),
+      peers_(static_cast<size_t>(size_)),  // built in place: a Peer is not copyable
+      engineAlive_(std::make_shared<std::atomic<bool>>(true)) {
+  const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) {
+    throw NetworkError("rank " + std::to_string(rank_) + ": point-to-point: cannot create an eventfd: " +
+                       net::errnoText(errno));
+  }
+  wakeFd_.reset(fd);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) peers_[static_cast<size_t>(peer)].pair = &communicator_->impl().pair(peer);
+  }
+}
+
+PointToPointEngine::~PointToPointEngine() {
+  shutdown();
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      // Destroyed by a Work callback on the progress thread: it must not touch the
+      // engine once the callback returns.
+      engineAlive_->store(false);
+      thread_.detach();
+    } else {
+      thread_.join();  // shutdown() ran on the progress thread earlier and could not join
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Submissions
+
+std::unique_lock<std::mutex> PointToPointEngine::lockForCaller() {
+  callersWaiting_.fetch_add(1, std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lock(mutex_);
+  callersWaiting_.fetch_sub(1, std::memory_order_relaxed);
+  return lock;
+}
+
+void PointToPointEngine::checkPeer(int peer, bool anySourceAllowed, const char* op) const {
+  if (anySourceAllowed && peer == kAnySource) return;
+  if (peer < 0 || peer >= size_) {
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + op + ": peer " + std::to_string(peer) +
+                          " is not a rank of this group [0, " + std::to_string(size_) + ")" +
+                          (anySourceAllowed ? " nor kAnySource (-1)" : ""));
+  }
+  if (peer == rank_) {
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + op + ": peer " + std::to_string(peer) +
+                          " is this rank; point-to-point messages go to other ranks");
+  }
+}
+
+size_t PointToPointEngine::checkSendArguments(const void* data, size_t count, DataType type, int peer, int tag,
+                                              const char* op) const {
+  const size_t bytes = payloadBytes(count, type, op);
+  checkPeer(peer, /*anySourceAllowed=*/false, op);
+  if (tag < 0) {
+    throw InvalidArgument(std::string(op) + " to rank " + std::to_string(peer) + ": tag " + std::to_string(tag) +
+                          " is negative");
+  }
+  if (data == nullptr && count > 0) {
+    throw InvalidArgument(std::string(op) + " to rank " + std::to_string(peer) + ": null buffer of " +
+                          std::to_string(count) + " elements");
+  }
+  return bytes;
+}
+
+size_t PointToPointEngine::checkReceiveArguments(const void* data, size_t count, DataType type, int peer, int tag,
+                                                 const char* op) const {
+  const size_t bytes = payloadBytes(count, type, op);
+  checkPeer(peer, /*anySourceAllowed=*/true, op);
+  if (tag < 0) {
+    throw InvalidArgument(std::string(op) + " from " + p2p::peerText(peer) + ": tag " + std::to_string(tag) +
+                          " is negative");
+  }
+  if (data == nullptr && count > 0) {
+    throw InvalidArgument(std::string(op) + " from " + p2p::peerText(peer) + ": null buffer of " +
+                          std::to_string(count) + " elements");
+  }
+  return bytes;
+}
+
+void PointToPointEngine::refuseCall(const char* op, bool receive, int peer, bool blocking) const {
+  const auto call = [&] {
+    return "rank " + std::to_string(rank_) + ": " + op +
+           (receive ? " from " + p2p::peerText(peer) : " to rank " + std::to_string(peer));
+  };
+  if (shutDown_) throw Error(call() + " after the point-to-point engine was shut down");
+  if (blocking && thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) {
+    throw InvalidArgument(call() + " called from a Work callback on the progress thread, which would wait for "
+                                   "itself; use i" + op + " there");
+  }
+}
+
+void PointToPointEngine::postSend(Owner owner, const char* opName, const void* data, size_t bytes, size_t count,
+                                  DataType type, int peer, int tag, Completions* done) {
+  ++pendingOperations_;
+  Peer& target = peers_[static_cast<size_t>(peer)];
+  Send send{std::move(owner), opName, tag, type, count, target.nextSendSequence, net::deadlineAfter(timeout_)};
+  if (target.failed) {
+    complete(send.owner, errorFor(target.failureKind, describe(peer, send), target.failureReason), done);
+    return;
+  }
+  ++target.nextSendSequence;
+  bool queued = false;
+  try {
+    target.pair->postSend(p2p::dataEnvelope(send.sequence, tag, type, count), data, bytes);
+    target.sends.push_back(std::move(send));
+    queued = true;
+    nextDeadline_ = std::min(nextDeadline_, target.sends.back().deadline);
+    // Hand the bytes over at once when that is all the pair has to do (a posted receive
+    // may mean a large copy, which is the job of whoever drives the pair).
+    if (target.pair->pendingRecvs() == 0) {
+      target.pair->progress();
+      retireSends(target, done);
+    }
+    if (!target.sends.empty()) nudgeClaimers(peer);  // its claimer must arm for this send
+  } catch (const std::exception& e) {
+    if (!queued) complete(send.owner, errorFor(FailureKind::kBroken, describe(peer, send), e.what()), done);
+    failPeer(peer, FailureKind::kBroken, e.what(), nullptr, done);
+  }
+}
+
+void PointToPointEngine::postReceive(const ReceivePtr& receive, Completions* done) {
+  ++pendingOperations_;
+  if (takeUnexpected(receive, done)) return;
+  const int peer = receive->peer;
+  const bool anySource = peer == kAnySource;
+  if (!anySource && peers_[static_cast<size_t>(peer)].failed) {
+    const Peer& source = peers_[static_cast<size_t>(peer)];
+    complete(receive->owner, errorFor(source.failureKind, describe(*receive), source.failureReason), done);
+  } else if (anySource && !anyPeerLive()) {
+    complete(receive->owner,
+             errorFor(FailureKind::kGivenUp, describe(*receive), "no rank can send to this rank any more"), done);
+  } else {
+    (anySource ? anySourceReceives_ : peers_[static_cast<size_t>(peer)].receives).push_back(receive);
+    nextDeadline_ = std::min(nextDeadline_, receive->deadline);
+    // Take the message at once if it has arrived.
+    for (int source = claimBegin(peer); source < claimEnd(peer); ++source) {
+      if (source != rank_) progressPeer(source, done);
+    }
+    nudgeClaimers(peer);  // their claimers must look again at what to arm for
+  }
+}
+
+std::shared_ptr<Work> PointToPointEngine::isend(const void* data, size_t count, DataType type, int peer, int tag,
+                                                std::shared_ptr<void> keepAlive) {
+  const size_t bytes = checkSendArguments(data, count, type, peer, tag, "isend");
+  auto work = std::make_shared<Work>("isend", std::move(keepAlive));
+  Completions done;
+  {
+    const auto lock = lockForCaller();
+    refuseCall("isend", /*receive=*/false, peer, /*blocking=*/false);
+    postSend(Owner{work}, "isend", data, bytes, count, type, peer, tag, &done);
+    if (pendingOperations_ > 0) {
+      startThreadIfNeeded();
+      wakeThread();
+    }
+  }
+  finishAll(&done);
+  return work;
+}
+
+std::shared_ptr<Work> PointToPointEngine::irecv(void* data, size_t count, DataType type, int peer, int tag,
+                                                std::shared_ptr<void> keepAlive) {
+  const size_t bytes = checkReceiveArguments(data, count, type, peer, tag, "irecv");
+  auto work = std::make_shared<Work>("irecv", std::move(keepAlive));
+  Completions done;
+  {
+    const auto lock = lockForCaller();
+    refuseCall("irecv", /*receive=*/true, peer, /*blocking=*/false);
+    postReceive(std::make_shared<Receive>(Receive{Owner{work}, "irecv", peer, tag, type, count,
+                                                  static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
+                                                  net::deadlineAfter(timeout_)}),
+                &done);
+    if (pendingOperations_ > 0) {
+      startThreadIfNeeded();
+      wakeThread();
+    }
+  }
+  finishAll(&done);
+  return work;
+}
+
+void PointToPointEngine::send(const void* data, size_t count, DataType type, int peer, int tag) {
+  const size_t bytes = checkSendArguments(data, count, type, peer, tag, "send");
+  BlockingCall call;
+  Completions done;
+  {
+    auto lock = lockForCaller();
+    refuseCall("send", /*receive=*/false, peer, /*blocking=*/true);
+    const int claim = claimable(peer) ? peer : kNoClaim;
+    postSend(Owner{nullptr, &call}, "send", data, bytes, count, type, peer, tag, &done);
+    completeBlocking(lock, claim, call, &done);
+  }
+  finishAll(&done);
+  call.waiter.wait(kSpinTime);
+  call.waiter.outcome();
+}
+
+int PointToPointEngine::recv(void* data, size_t count, DataType type, int peer, int tag) {
+  const size_t bytes = checkReceiveArguments(data, count, type, peer, tag, "recv");
+  BlockingCall call;
+  Receive receive{Owner{nullptr, &call}, "recv", peer, tag, type, count, static_cast<uint8_t*>(data), bytes, 0,
+                  net::kNoDeadline};
+  Completions done;
+  {
+    auto lock = lockForCaller();
+    refuseCall("recv", /*receive=*/true, peer, /*blocking=*/true);
+    const int claim = claimable(peer) ? peer : kNoClaim;
+    receive.order = nextReceiveOrder_++;
+    receive.deadline = net::deadlineAfter(timeout_);
+    postReceive(ReceivePtr(ReceivePtr(), &receive), &done);  // owns nothing: see Receive
+    completeBlocking(lock, claim, call, &done);
+  }
+  finishAll(&done);
+  call.waiter.wait(kSpinTime);
+  return call.waiter.outcome();
+}
+
+// ---------------------------------------------------------------------------------------
+// Blocking calls that drive their peers
+
+bool PointToPointEngine::claimable(int peer) const {
+  // Nobody else drives it, nor sleeps on it, nor moves bytes on it.
+  const auto untouched = [](const Peer& p) {
+    return p.claimer == nullptr && !p.armed && p.transfer == Transfer::kNone;
+  };
+  if (peer == kAnySource) return pendingOperations_ == 0 && std::all_of(peers_.begin(), peers_.end(), untouched);
+  const Peer& target = peers_[static_cast<size_t>(peer)];
+  return untouched(target) && target.sends.empty() && target.receives.empty() && anySourceReceives_.empty();
+}
+
+int PointToPointEngine::claimBegin(int claim) const { return claim == kAnySource ? 0 : claim; }
+
+int PointToPointEngine::claimEnd(int claim) const { return claim == kAnySource ? size_ : claim + 1; }
+
+void PointToPointEngine::setClaimer(int claim, BlockingCall* claimer) {
+  for (int index = claimBegin(claim); index < claimEnd(claim); ++index) {
+    peers_[static_cast<size_t>(index)].claimer = claimer;
+  }
+}
+
+void PointToPointEngine::nudgeClaimers(int peer) {
+  for (int index = claimBegin(peer); index < claimEnd(peer); ++index) {
+    if (BlockingCall* claimer = peers_[static_cast<size_t>(index)].claimer) claimer->waiter.nudge();
+  }
+}
+
+void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call,
+                                          Completions* done) noexcept {
+  if (call.completed) return;
+  if (claim == kNoClaim) {
+    startThreadIfNeeded();
+    wakeThread();
+    return;
+  }
+  setClaimer(claim, &call);
+  Backoff backoff(kSpinTime);
+  for (;;) {
+    bool moved = progressClaimed(claim, done);
+    if (moved) {
+      backoff.restart();
+    } else if (!call.completed && backoff.spunOut()) {
+      moved = sleepClaimed(lock, claim, call, done);
+      backoff.restart();
+    }
+    if (call.completed) break;
+    // Other threads get their turn, and Works this pass completed their callbacks.
+    lock.unlock();
+    finishAll(done);
+    if (!moved) backoff.pause();
+    lock = lockForCaller();
+    if (call.completed) break;  // by another thread (shutdown, a deadline, its own pass)
+  }
+  setClaimer(claim, nullptr);
+  // Operations other threads posted with the claimed peers meanwhile are the thread's now.
+  if (anyActivePeer()) {
+    startThreadIfNeeded();
+    wakeThread();
+  }
+}
+
+bool PointToPointEngine::progressClaimed(int claim, Completions* done) {
+  failDueOperations(done);
+  bool moved = false;
+  for (int index = claimBegin(claim); index < claimEnd(claim); ++index) {
+    if (index != rank_) moved = progressPeer(index, done) || moved;
+  }
+  return moved || !done->empty();
+}
+
+bool PointToPointEngine::sleepClaimed(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call,
+                                      Completions* done) {
+  std::vector<pollfd> fds;
+  for (int index = claimBegin(claim); index < claimEnd(claim); ++index) {
+    Peer& peer = peers_[static_cast<size_t>(index)];
+    if (peer.pair == nullptr || peer.failed) continue;
+    fds.emplace_back();
+    armPeer(peer, &fds.back());
+  }
+  // Something may have arrived between the last pass and arming.
+  const bool moved = progressClaimed(claim, done);
+  pollfd wake;
+  if (!moved && !call.completed && call.waiter.prepareToSleep(&wake)) {
+    fds.push_back(wake);
+    int timeoutMs = net::pollTimeoutMs(nextDeadline_);
+    if (timeoutMs < 0 || timeoutMs > kMaxSleepMs) timeoutMs = kMaxSleepMs;
+    if (wake.fd < 0) timeoutMs = std::min(timeoutMs, Waiter::kNoWakeSleepMs);
+    lock.unlock();
+    if (::poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) {
+      RINGTREE_WARN("rank " << rank_ << ": point-to-point: poll failed: " << net::errnoText(errno));
+    }
+    call.waiter.wokeUp();
+    lock = lockForCaller();
+  }
+  for (int index = claimBegin(claim); index < claimEnd(claim); ++index) disarmPeer(peers_[static_cast<size_t>(index)]);
+  return moved;
+}
+
+void PointToPointEngine::shutdown() {
+  Completions done;
+  std::thread toJoin;
+  {
+    const auto lock = lockForCaller();
+    if (shutDown_) return;
+    shutDown_ = true;
+    failAllForShutdown(&done);
+    wakeThread();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) toJoin = std::move(thread_);
+  }
+  finishAll(&done);
+  if (toJoin.joinable()) toJoin.join();
+  // Tell every peer that nothing more comes from this rank (its receives from any source
+  // keep waiting for the others). Best effort and bounded; the pairs are dropped after.
+  const auto lock = lockForCaller();
+  const transport::Envelope closed = p2p::notice(p2p::MessageKind::kClosedNotice);
+  for (Peer& peer : peers_) {
+    if (peer.pair != nullptr && !peer.failed) peer.pair->sendNotice(closed, net::deadlineAfter(kNoticeTimeout));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Progress
+
+bool PointToPointEngine::active(const Peer& peer) const {
+  return peer.pair != nullptr && !peer.failed && peer.claimer == nullptr &&
+         (!peer.sends.empty() || peer.transfer != Transfer::kNone || !peer.receives.empty() ||
+          !anySourceReceives_.empty());
+}
+
+bool PointToPointEngine::anyActivePeer() const {
+  return std::any_of(peers_.begin(), peers_.end(), [this](const Peer& peer) { return active(peer); });
+}
+
+void PointToPointEngine::armPeer(Peer& peer, pollfd* pfd) {
+  if (peer.transfer == Transfer::kNone && !peer.headLeftInPair) {
+    peer.pair->armWaitForIncoming(pfd);
+  } else {
+    peer.pair->armWait(pfd);
+  }
+  peer.armed = true;
+}
+
+void PointToPointEngine::disarmPeer(Peer& peer) {
+  if (!peer.armed) return;
+  peer.pair->disarmWait();
+  peer.armed = false;
+}
+
+bool PointToPointEngine::retireSends(Peer& peer, Completions* done) {
+  const size_t pending = peer.pair->pendingSends();
+  bool retired = false;
+  while (peer.sends.size() > pending) {
+    complete(peer.sends.front().owner, nullptr, done);
+    peer.sends.pop_front();
+    retired = true;
+  }
+  return retired;
+}
+
+bool PointToPointEngine::finishTransfer(int index, Completions* done) {
+  Peer& peer = peers_[static_cast<size_t>(index)];
+  if (peer.transfer == Transfer::kNone || peer.pair->pendingRecvs() > 0) return false;
+  const Transfer transfer = peer.transfer;
+  peer.transfer = Transfer::kNone;
+  if (transfer == Transfer::kIntoReceive) {
+    complete(peer.transferReceive->owner, nullptr, done, index);
+    peer.transferReceive.reset();
+    return true;
+  }
+  Unexpected& arrived = peer.unexpected.back();
+  arrived.complete = true;
+  if (arrived.taker) {
+    ReceivePtr taker = std::move(arrived.taker);
+    serveFromUnexpected(index, peer.unexpected.size() - 1, taker, done);
+  }
+  return true;
+}
+
+bool PointToPointEngine::progressPeer(int index, Completions* done) {
+  Peer& peer = peers_[static_cast<size_t>(index)];
+  if (peer.failed) return false;
+  bool moved = false;
+  try {
+    if (!peer.sends.empty() || peer.transfer != Transfer::kNone) peer.pair->progress();
+    moved = retireSends(peer, done);
+    moved = finishTransfer(index, done) || moved;
+    peer.headLeftInPair = false;
+    while (!peer.failed && peer.transfer == Transfer::kNone) {
+      transport::Envelope envelope;
+      size_t bytes = 0;
+      if (!peer.pair->peekIncoming(&envelope, &bytes)) break;
+      // A notice or mismatch completes operations (and so counts as progress) by itself.
+      if (!acceptIncoming(index, envelope, bytes, done)) break;
+      moved = true;
+      peer.pair->progress();  // a small message is usually complete already
+      retireSends(peer, done);
+      finishTransfer(index, done);
+    }
+  } catch (const std::exception& e) {
+    failPeer(index, FailureKind::kBroken, e.what(), nullptr, done);
+    moved = true;
+  }
+  return moved;
+}
+
+bool PointToPointEngine::progressAll(Completions* done) {
+  failDueOperations(done);
+  bool moved = false;
+  for (int index = 0; index < size_; ++index) {
+    if (active(peers_[static_cast<size_t>(index)])) moved = progressPeer(index, done) || moved;
+  }
+  return moved || !done->empty();
+}
+
+// ---------------------------------------------------------------------------------------
+// The progress thread
+
+void PointToPointEngine::startThreadIfNeeded() {
+  if (thread_.joinable() || shutDown_) return;
+  threadState_ = ThreadState::kRunning;
+  thread_ = std::thread([this, alive = engineAlive_] { run(alive); });
+}
+
+void PointToPointEngine::wakeThread() {
+  if (threadState_ == ThreadState::kIdle) {
+    idleCv_.notify_one();
+  } else if (threadState_ == ThreadState::kPolling && !wakeSignalled_) {
+    const uint64_t one = 1;
+    if (::write(wakeFd_.fd(), &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one))) wakeSignalled_ = true;
+  }
+}
+
+void PointToPointEngine::drainWakeFd() {
+  if (!wakeSignalled_) return;
+  uint64_t count = 0;
+  if (::read(wakeFd_.fd(), &count, sizeof(count)) < 0 && errno != EAGAIN) {
+    RINGTREE_WARN("rank " << rank_ << ": point-to-point: reading the wake-up eventfd failed: "
+                          << net::errnoText(errno));
+  }
+  wakeSignalled_ = false;
+}
+
+void PointToPointEngine::run(const std::shared_ptr<std::atomic<bool>>& engineAlive) {
+  Backoff backoff(kSpinTime);
+  Completions done;
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (shutDown_) return;
+    // Pending operations with claimed peers are their claimers' to drive.
+    if (!anyActivePeer()) {
+      threadState_ = ThreadState::kIdle;
+      idleCv_.wait(lock);
+      threadState_ = ThreadState::kRunning;
+      backoff.restart();
+      continue;
+    }
+    bool moved = progressAll(&done);
+    if (moved) {
+      backoff.restart();
+    } else if (backoff.spunOut()) {
+      moved = sleepInPoll(lock, &done);
+      backoff.restart();  // woken: spin again before the next sleep
+    }
+    // The mutex is released between passes, so that callers of isend/irecv get their turn.
+    lock.unlock();
+    finishAll(&done);
+    if (!engineAlive->load()) return;  // a Work callback destroyed the engine
+    if (!moved) {
+      backoff.pause();
+    } else if (callersWaiting_.load(std::memory_order_relaxed) > 0) {
+      sched_yield();
+    }
+    lock.lock();
+  }
+}
+
+bool PointToPointEngine::sleepInPoll(std::unique_lock<std::mutex>& lock, Completions* done) {
+  std::vector<pollfd> fds;
+  std::vector<Peer*> armed;
+  for (Peer& peer : peers_) {
+    if (!active(peer)) continue;
+    fds.emplace_back();
+    armPeer(peer, &fds.back());
+    armed.push_back(&peer);
+  }
+  fds.push_back(pollfd{wakeFd_.fd(), POLLIN, 0});
+  // Something may have arrived between the last pass and arming.
+  const bool moved = progressAll(done);
+  if (!moved) {
+    int timeoutMs = net::pollTimeoutMs(nextDeadline_);
+    if (timeoutMs < 0 || timeoutMs > kMaxSleepMs) timeoutMs = kMaxSleepMs;
+    threadState_ = ThreadState::kPolling;
+    lock.unlock();
+    if (::poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) {
+      RINGTREE_WARN("rank " << rank_ << ": point-to-point: poll failed: " << net::errnoText(errno));
+    }
+    lock.lock();
+    threadState_ = ThreadState::kRunning;
+  }
+  drainWakeFd();
+  for (Peer* peer : armed) disarmPeer(*peer);
+  return moved;
+}
+
+}  // namespace ringtree::detail

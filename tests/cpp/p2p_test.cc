@@ -1,0 +1,1080 @@
+// Point-to-point messages (PointToPoint: isend/irecv, blocking send/recv) over TCP and
+// shared memory between threads and processes: ping-pong of every size class, many
+// messages in flight both ways at 2..4 ranks, tag matching out of order, FIFO order per
+// tag, receives from any source, large messages posted before and after their receive
+// (left with the sender until then), type/count mismatches, peers that shut down or are
+// killed, timeouts, shutdown with pending operations, argument errors, callbacks that
+// submit more work; blocking calls mixed with asynchronous ones from other threads on
+// the same engines. Ends with latency and bandwidth figures (printed, not asserted).
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <ringtree/communicator.h>
+#include <ringtree/error.h>
+#include <ringtree/p2p.h>
+#include <ringtree/work.h>
+
+#include "common/socket.h"
+#include "communicator_impl.h"
+#include "harness/process_harness.h"
+#include "harness/test_util.h"
+#include "harness/thread_harness.h"
+#include "transport/pair.h"
+
+namespace ringtree {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::messageOf;
+using test::runOnThreads;
+using test::testOptions;
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr int kAny = PointToPoint::kAnySource;
+// int32 elements of a message too large for the kernel's socket buffers (so a TCP send of
+// it cannot finish before the receiver reads) and above shm's direct-copy threshold.
+constexpr size_t kHugeCount = 12 * kMiB;
+
+const char* kindName(TransportKind kind) { return kind == TransportKind::kTcp ? "tcp" : "shm"; }
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::chrono::milliseconds elapsedSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+}
+
+// The int32 values of message `seed`: every message and position differs.
+std::vector<int32_t> values(size_t count, uint32_t seed) {
+  std::vector<int32_t> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(seed * 2654435761u + static_cast<uint32_t>(i) * 31u);
+  return v;
+}
+
+std::shared_ptr<Work> send(PointToPoint& p2p, const std::vector<int32_t>& data, int peer, int tag) {
+  return p2p.isend(data.data(), data.size(), DataType::kInt32, peer, tag);
+}
+
+std::shared_ptr<Work> recv(PointToPoint& p2p, std::vector<int32_t>& data, int peer, int tag) {
+  return p2p.irecv(data.data(), data.size(), DataType::kInt32, peer, tag);
+}
+
+void blockingSend(PointToPoint& p2p, const std::vector<int32_t>& data, int peer, int tag) {
+  p2p.send(data.data(), data.size(), DataType::kInt32, peer, tag);
+}
+
+int blockingRecv(PointToPoint& p2p, std::vector<int32_t>& data, int peer, int tag) {
+  return p2p.recv(data.data(), data.size(), DataType::kInt32, peer, tag);
+}
+
+// Waits until another rank's thread sets flag; throws after timeout (that thread failed).
+void waitForFlag(const std::atomic<bool>& flag, std::chrono::milliseconds timeout = 20s) {
+  const auto deadline = Clock::now() + timeout;
+  while (!flag.load()) {
+    if (Clock::now() > deadline) throw std::runtime_error("the other rank never got there");
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+// Sets a flag however the scope ends, so that a rank waiting for it never waits out its
+// timeout after a failed expectation.
+class SetOnExit {
+ public:
+  explicit SetOnExit(std::atomic<bool>& flag) : flag_(flag) {}
+  ~SetOnExit() { flag_ = true; }
+  SetOnExit(const SetOnExit&) = delete;
+  SetOnExit& operator=(const SetOnExit&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
+// Runs body(rank, p2p) on `size` threads, each with a PointToPoint over a communicator of
+// its own (one fresh store); the engines are destroyed when the bodies return.
+void runEngines(int size, TransportKind kind, const std::function<void(int rank, PointToPoint& p2p)>& body,
+                std::chrono::milliseconds timeout = 20s) {
+  const auto store = test::freshStore();
+  runOnThreads(size, [&](int rank) {
+    PointToPoint p2p(Communicator::create(store, rank, size, testOptions(kind, timeout)));
+    body(rank, p2p);
+  });
+}
+
+// Runs every job on a thread of its own and joins them all; rethrows the first failure.
+void inParallel(const std::vector<std::function<void()>>& jobs) {
+  std::vector<std::exception_ptr> errors(jobs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        jobs[i]();
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+// The message the operation failed with; "" (after recording a failure) when it did not
+// fail with an E.
+template <typename E>
+std::string failureOf(const std::shared_ptr<Work>& work, std::chrono::milliseconds timeout = 10s) {
+  return messageOf<E>([&] { work->wait(timeout); });
+}
+
+// ---------------------------------------------------------------------------------------
+// Data movement, per transport
+
+class P2pTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(P2pTest, PingPongOfEverySizeClass) {
+  // 0 bytes, one element, 1 MiB, 16 MiB.
+  const std::vector<size_t> counts = {0, 1, kMiB / 4, 4 * kMiB};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    const int peer = 1 - rank;
+    for (uint32_t round = 0; round < counts.size(); ++round) {
+      const size_t count = counts[round];
+      std::vector<int32_t> in(count, -1);
+      if (rank == 0) {
+        send(p2p, values(count, round), peer, 1)->wait();
+        const auto work = recv(p2p, in, peer, 1);
+        work->wait();
+        EXPECT_EQ(work->sourceRank(), 1);
+        EXPECT_EQ(in, values(count, round + 100)) << count << " elements";
+      } else {
+        const auto work = recv(p2p, in, peer, 1);
+        work->wait();
+        EXPECT_EQ(work->sourceRank(), 0);
+        EXPECT_EQ(in, values(count, round)) << count << " elements";
+        send(p2p, values(count, round + 100), peer, 1)->wait();
+      }
+    }
+  });
+}
+
+// Every rank sends kMessages to every other rank while receiving as many from each: mixed
+// sizes (every tenth above the eager and direct-copy sizes), six tags, the receives of
+// even messages posted before the sends and those of odd ones after, everything waited
+// for at the end. Even messages use tags 0..2, odd ones 3..5: receives of one tag are
+// posted in send order, as FIFO matching requires.
+void exchangeEverythingAtOnce(int rank, PointToPoint& p2p) {
+  constexpr int kMessages = 60;
+  const auto countOf = [](int i) { return i % 10 == 9 ? size_t{100000} : static_cast<size_t>(i % 7); };
+  const auto tagOf = [](int i) { return i % 2 == 0 ? i % 3 : 3 + i % 3; };
+  const auto seedOf = [](int from, int to, int i) { return static_cast<uint32_t>(from * 1000000 + to * 1000 + i); };
+  const int size = p2p.size();
+  std::vector<std::vector<int32_t>> out;  // moving a vector keeps its buffer where it is
+  std::vector<std::vector<int32_t>> in;
+  std::vector<std::shared_ptr<Work>> receives;
+  std::vector<std::shared_ptr<Work>> sends;
+  std::vector<std::tuple<int, int>> receiveOf;  // (peer, i) of each receive
+  const auto postReceives = [&](int first) {
+    for (int peer = 0; peer < size; ++peer) {
+      for (int i = first; i < kMessages && peer != rank; i += 2) {
+        in.emplace_back(countOf(i), -1);
+        receives.push_back(recv(p2p, in.back(), peer, tagOf(i)));
+        receiveOf.emplace_back(peer, i);
+      }
+    }
+  };
+  postReceives(0);
+  for (int peer = 0; peer < size; ++peer) {
+    for (int i = 0; i < kMessages && peer != rank; ++i) {
+      out.push_back(values(countOf(i), seedOf(rank, peer, i)));
+      sends.push_back(send(p2p, out.back(), peer, tagOf(i)));
+    }
+  }
+  postReceives(1);
+  for (const auto& work : sends) work->wait();
+  for (size_t r = 0; r < receives.size(); ++r) {
+    receives[r]->wait();
+    const auto [peer, i] = receiveOf[r];
+    EXPECT_EQ(receives[r]->sourceRank(), peer);
+    EXPECT_EQ(in[r], values(countOf(i), seedOf(peer, rank, i)))
+        << "rank " << rank << ": message " << i << " of " << peer;
+  }
+}
+
+TEST_P(P2pTest, ManyMessagesInFlightBothWays) {
+  for (const int size : {2, 3, 4}) {
+    runEngines(size, GetParam(), exchangeEverythingAtOnce);
+  }
+}
+
+TEST_P(P2pTest, TagsMatchOutOfOrder) {
+  // Small messages, then messages so large that the first stays with its sender until
+  // a receive waits behind it.
+  for (const size_t count : {size_t{4}, 4 * kMiB}) {
+    runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+      if (rank == 0) {
+        const std::vector<int32_t> one = values(count, 1);
+        const std::vector<int32_t> two = values(count, 2);
+        const auto first = send(p2p, one, 1, 1);
+        const auto second = send(p2p, two, 1, 2);
+        first->wait();
+        second->wait();
+        return;
+      }
+      std::vector<int32_t> two(count);
+      std::vector<int32_t> one(count);
+      recv(p2p, two, 0, 2)->wait();
+      recv(p2p, one, 0, 1)->wait();
+      EXPECT_EQ(two, values(count, 2));
+      EXPECT_EQ(one, values(count, 1));
+    });
+  }
+}
+
+TEST_P(P2pTest, MessagesOfOneTagArriveInSendOrder) {
+  constexpr int kMessages = 40;
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 0) {
+      std::vector<std::vector<int32_t>> out;
+      std::vector<std::shared_ptr<Work>> sends;
+      out.reserve(kMessages);
+      for (int i = 0; i < kMessages; ++i) {
+        out.push_back({i});
+        sends.push_back(send(p2p, out.back(), 1, i % 2 == 0 ? 5 : 6));
+      }
+      for (const auto& work : sends) work->wait();
+      return;
+    }
+    // All of tag 6 first (tag 5 waits in the engine), then tag 5.
+    for (const int tag : {6, 5}) {
+      for (int i = tag == 5 ? 0 : 1; i < kMessages; i += 2) {
+        std::vector<int32_t> in(1, -1);
+        recv(p2p, in, 0, tag)->wait();
+        EXPECT_EQ(in[0], i) << "tag " << tag;
+      }
+    }
+  });
+}
+
+TEST_P(P2pTest, AnySourceReceiveNamesTheSender) {
+  constexpr int kPerSender = 20;
+  for (const int size : {3, 4}) {
+    runEngines(size, GetParam(), [&](int rank, PointToPoint& p2p) {
+      if (rank != 0) {
+        std::vector<std::vector<int32_t>> out;
+        std::vector<std::shared_ptr<Work>> sends;
+        out.reserve(kPerSender);
+        for (int i = 0; i < kPerSender; ++i) {
+          out.push_back({rank * 1000 + i});
+          sends.push_back(send(p2p, out.back(), 0, 7));
+        }
+        for (const auto& work : sends) work->wait();
+        return;
+      }
+      // Several receives from any source pending at once, then one at a time.
+      const int total = (size - 1) * kPerSender;
+      std::vector<std::vector<int32_t>> in(static_cast<size_t>(total), std::vector<int32_t>(1, -1));
+      std::vector<std::shared_ptr<Work>> receives;
+      for (int j = 0; j < total / 2; ++j) receives.push_back(recv(p2p, in[static_cast<size_t>(j)], kAny, 7));
+      std::vector<int> next(static_cast<size_t>(size), 0);
+      for (int j = 0; j < total; ++j) {
+        if (j >= total / 2) receives.push_back(recv(p2p, in[static_cast<size_t>(j)], kAny, 7));
+        receives[static_cast<size_t>(j)]->wait();
+        const int source = receives[static_cast<size_t>(j)]->sourceRank();
+        ASSERT_GE(source, 1);
+        ASSERT_LT(source, size);
+        EXPECT_EQ(in[static_cast<size_t>(j)][0], source * 1000 + next[static_cast<size_t>(source)]++)
+            << "receive " << j << " from rank " << source;
+      }
+    });
+  }
+}
+
+TEST_P(P2pTest, LargeMessagePostedBeforeItsReceive) {
+  std::atomic<bool> checked{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 0) {
+      const SetOnExit setChecked(checked);
+      const std::vector<int32_t> out = values(kHugeCount, 3);
+      const auto work = send(p2p, out, 1, 1);
+      // No receive yet: the message stays with the sender instead of being copied.
+      std::this_thread::sleep_for(200ms);
+      EXPECT_FALSE(work->isCompleted());
+      checked = true;
+      work->wait();
+      return;
+    }
+    waitForFlag(checked);
+    std::vector<int32_t> in(kHugeCount);
+    const auto work = recv(p2p, in, 0, 1);
+    work->wait();
+    EXPECT_EQ(in, values(kHugeCount, 3));
+  });
+}
+
+TEST_P(P2pTest, LargeMessagePostedAfterItsReceive) {
+  std::atomic<bool> posted{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      std::vector<int32_t> in(kHugeCount);
+      const auto work = recv(p2p, in, 0, 1);
+      posted = true;
+      work->wait();
+      EXPECT_EQ(work->sourceRank(), 0);
+      EXPECT_EQ(in, values(kHugeCount, 4));
+      return;
+    }
+    waitForFlag(posted);
+    std::this_thread::sleep_for(50ms);  // let the receiver's progress thread fall asleep
+    send(p2p, values(kHugeCount, 4), 1, 1)->wait();
+  });
+}
+
+TEST_P(P2pTest, CallbacksMaySubmitMoreWork) {
+  // Rank 1 answers each message from the completion callback of its receive (which runs
+  // on the progress thread or inside irecv).
+  constexpr int kRounds = 50;
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 0) {
+      for (int i = 0; i < kRounds; ++i) {
+        std::vector<int32_t> in(1, -1);
+        const auto answer = recv(p2p, in, 1, 2);
+        send(p2p, {i}, 1, 1)->wait();
+        answer->wait();
+        EXPECT_EQ(in[0], i + 1000);
+      }
+      return;
+    }
+    std::vector<std::shared_ptr<Work>> answers(kRounds);
+    std::vector<int32_t> in(kRounds, -1);
+    std::vector<int32_t> out(kRounds);
+    std::atomic<int> answered{0};
+    for (int i = 0; i < kRounds; ++i) {
+      const auto work = p2p.irecv(&in[static_cast<size_t>(i)], 1, DataType::kInt32, 0, 1);
+      work->addCallback([&, i](Work& done) {
+        ASSERT_TRUE(done.isSuccess());
+        out[static_cast<size_t>(i)] = in[static_cast<size_t>(i)] + 1000;
+        answers[static_cast<size_t>(i)] = p2p.isend(&out[static_cast<size_t>(i)], 1, DataType::kInt32, 0, 2);
+        ++answered;
+      });
+      work->wait();
+      const auto deadline = Clock::now() + 10s;
+      while (answered.load() <= i && Clock::now() < deadline) std::this_thread::sleep_for(100us);
+    }
+    ASSERT_EQ(answered.load(), kRounds);
+    for (const auto& work : answers) work->wait();
+  });
+}
+
+
+// ---------------------------------------------------------------------------------------
+// Blocking send/recv, per transport
+
+TEST_P(P2pTest, BlockingSendAndRecvOfEverySizeClass) {
+  // 0 bytes, one element, 1 MiB, 16 MiB; rank 1 answers with send/recv, then with
+  // isend/irecv.
+  const std::vector<size_t> counts = {0, 1, kMiB / 4, 4 * kMiB};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    const int peer = 1 - rank;
+    for (uint32_t round = 0; round < 2 * counts.size(); ++round) {
+      const size_t count = counts[round % counts.size()];
+      std::vector<int32_t> in(count, -1);
+      if (rank == 0) {
+        blockingSend(p2p, values(count, round), peer, 1);
+        EXPECT_EQ(blockingRecv(p2p, in, peer, 1), 1);
+        EXPECT_EQ(in, values(count, round + 100)) << count << " elements";
+      } else if (round < counts.size()) {
+        EXPECT_EQ(blockingRecv(p2p, in, peer, 1), 0);
+        EXPECT_EQ(in, values(count, round)) << count << " elements";
+        blockingSend(p2p, values(count, round + 100), peer, 1);
+      } else {
+        recv(p2p, in, peer, 1)->wait();
+        EXPECT_EQ(in, values(count, round)) << count << " elements";
+        send(p2p, values(count, round + 100), peer, 1)->wait();
+      }
+    }
+  });
+}
+
+TEST_P(P2pTest, BlockingRecvTakesTagsOutOfOrder) {
+  // Small messages, then messages so large that the first stays with its sender until a
+  // receive waits behind it (its sender uses isend: a blocking send would wait for it).
+  for (const size_t count : {size_t{4}, 4 * kMiB}) {
+    runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+      if (rank == 0) {
+        const std::vector<int32_t> one = values(count, 1);
+        const auto first = send(p2p, one, 1, 1);
+        blockingSend(p2p, values(count, 2), 1, 2);
+        first->wait();
+        return;
+      }
+      std::vector<int32_t> two(count);
+      std::vector<int32_t> one(count);
+      EXPECT_EQ(blockingRecv(p2p, two, 0, 2), 0);
+      EXPECT_EQ(blockingRecv(p2p, one, 0, 1), 0);
+      EXPECT_EQ(two, values(count, 2));
+      EXPECT_EQ(one, values(count, 1));
+    });
+  }
+}
+
+TEST_P(P2pTest, BlockingRecvTakesItsTurnAfterPendingReceives) {
+  // Receives posted earlier (from the peer, and from any source) take the first message
+  // of their tag; the blocking recv behind them the second.
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 0) {
+      for (const int32_t value : {1, 2, 3, 4}) blockingSend(p2p, {value}, 1, value <= 2 ? 5 : 6);
+      return;
+    }
+    std::vector<int32_t> first(1, -1);
+    std::vector<int32_t> firstAny(1, -1);
+    const auto pending = recv(p2p, first, 0, 5);
+    const auto pendingAny = recv(p2p, firstAny, kAny, 6);
+    std::vector<int32_t> second(1, -1);
+    EXPECT_EQ(blockingRecv(p2p, second, 0, 5), 0);
+    std::vector<int32_t> secondAny(1, -1);
+    EXPECT_EQ(blockingRecv(p2p, secondAny, kAny, 6), 0);
+    pending->wait();
+    pendingAny->wait();
+    EXPECT_EQ(first[0], 1);
+    EXPECT_EQ(second[0], 2);
+    EXPECT_EQ(firstAny[0], 3);
+    EXPECT_EQ(secondAny[0], 4);
+  });
+}
+
+TEST_P(P2pTest, BlockingRecvFromAnySourceNamesTheSender) {
+  constexpr int kPerSender = 20;
+  for (const int size : {3, 4}) {
+    runEngines(size, GetParam(), [&](int rank, PointToPoint& p2p) {
+      if (rank != 0) {
+        for (int i = 0; i < kPerSender; ++i) blockingSend(p2p, {rank * 1000 + i}, 0, 7);
+        return;
+      }
+      std::vector<int> next(static_cast<size_t>(size), 0);
+      for (int j = 0; j < (size - 1) * kPerSender; ++j) {
+        std::vector<int32_t> in(1, -1);
+        const int source = blockingRecv(p2p, in, kAny, 7);
+        ASSERT_GE(source, 1);
+        ASSERT_LT(source, size);
+        EXPECT_EQ(in[0], source * 1000 + next[static_cast<size_t>(source)]++) << "receive " << j;
+      }
+    });
+  }
+}
+
+// Per rank, three threads on one engine at once: blocking send/recv exchanges with every
+// peer (every fifth message above the eager size), exchangeEverythingAtOnce's
+// asynchronous traffic, and a stream of small blocking sends that rank 0 takes with
+// blocking receives from any source. The blocking calls drive their connections
+// themselves or wait for the progress thread, whichever the other threads leave them.
+TEST_P(P2pTest, BlockingCallsMixWithAsynchronousOnesFromOtherThreads) {
+  constexpr int kRounds = 12;
+  constexpr int kPerSender = 40;
+  constexpr int kExchangeTag = 10;
+  constexpr int kStreamTag = 11;
+  const auto seedOf = [](int from, int to, int round) {
+    return static_cast<uint32_t>(from * 100000 + to * 100 + round);
+  };
+  for (const int size : {2, 3}) {
+    runEngines(size, GetParam(), [&](int rank, PointToPoint& p2p) {
+      const auto exchange = [&] {
+        for (int round = 0; round < kRounds; ++round) {
+          for (int peer = 0; peer < size; ++peer) {
+            if (peer == rank) continue;
+            const size_t count = round % 5 == 4 ? size_t{100000} : static_cast<size_t>(round % 3);
+            std::vector<int32_t> in(count, -1);
+            // The lower rank sends first: large blocking sends wait for their receive.
+            if (rank < peer) blockingSend(p2p, values(count, seedOf(rank, peer, round)), peer, kExchangeTag);
+            EXPECT_EQ(blockingRecv(p2p, in, peer, kExchangeTag), peer);
+            if (rank > peer) blockingSend(p2p, values(count, seedOf(rank, peer, round)), peer, kExchangeTag);
+            EXPECT_EQ(in, values(count, seedOf(peer, rank, round))) << "round " << round << " with rank " << peer;
+          }
+        }
+      };
+      const auto stream = [&] {
+        if (rank != 0) {
+          for (int i = 0; i < kPerSender; ++i) blockingSend(p2p, {rank * 1000 + i}, 0, kStreamTag);
+          return;
+        }
+        std::vector<int> next(static_cast<size_t>(size), 0);
+        for (int j = 0; j < (size - 1) * kPerSender; ++j) {
+          std::vector<int32_t> in(1, -1);
+          const int source = blockingRecv(p2p, in, kAny, kStreamTag);
+          ASSERT_GE(source, 1);
+          ASSERT_LT(source, size);
+          EXPECT_EQ(in[0], source * 1000 + next[static_cast<size_t>(source)]++) << "receive " << j;
+        }
+      };
+      inParallel({exchange, [&] { exchangeEverythingAtOnce(rank, p2p); }, stream});
+    });
+  }
+}
+
+TEST_P(P2pTest, OperationsOnAConnectionThatABlockingCallDrivesProgress) {
+  // On rank 0, a blocking recv from rank 1 drives that connection and sleeps on it; then
+  // another thread sends rank 1 a large message (blocking, then isend) and receives from
+  // it, all through the connection the sleeping recv drives.
+  std::atomic<bool> asleep{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      std::vector<int32_t> in(kHugeCount);
+      EXPECT_EQ(blockingRecv(p2p, in, 0, 2), 0);
+      EXPECT_EQ(in, values(kHugeCount, 11));
+      recv(p2p, in, 0, 3)->wait();
+      EXPECT_EQ(in, values(kHugeCount, 12));
+      blockingSend(p2p, {5}, 0, 4);
+      blockingSend(p2p, {1}, 0, 1);  // lets the sleeping recv go
+      return;
+    }
+    inParallel({[&] {
+                  std::vector<int32_t> in(1, -1);
+                  asleep = true;
+                  EXPECT_EQ(blockingRecv(p2p, in, 1, 1), 1);
+                  EXPECT_EQ(in[0], 1);
+                },
+                [&] {
+                  waitForFlag(asleep);
+                  std::this_thread::sleep_for(50ms);  // the recv sleeps in poll() by now
+                  blockingSend(p2p, values(kHugeCount, 11), 1, 2);
+                  const std::vector<int32_t> out = values(kHugeCount, 12);
+                  send(p2p, out, 1, 3)->wait();
+                  std::vector<int32_t> in(1, -1);
+                  EXPECT_EQ(blockingRecv(p2p, in, 1, 4), 1);
+                  EXPECT_EQ(in[0], 5);
+                }});
+  });
+}
+
+TEST_P(P2pTest, BlockingRecvSleepingOnItsConnectionWakesForShutdown) {
+  std::atomic<bool> done{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      waitForFlag(done);
+      return;
+    }
+    const SetOnExit setDone(done);
+    std::atomic<bool> shutDown{false};
+    Clock::time_point shutdownAt;
+    std::string message;
+    inParallel({[&] {
+                  std::vector<int32_t> in(1);
+                  message = messageOf<Error>([&] { blockingRecv(p2p, in, 1, 1); });
+                },
+                [&] {
+                  std::this_thread::sleep_for(100ms);  // the receive sleeps in poll() by now
+                  shutdownAt = Clock::now();
+                  p2p.shutdown();
+                  shutDown = true;
+                }});
+    EXPECT_TRUE(shutDown.load());
+    EXPECT_LT(elapsedSince(shutdownAt), 1000ms);
+    EXPECT_TRUE(contains(message, "recv from rank 1 (tag 1, int32 x 1)")) << message;
+    EXPECT_TRUE(contains(message, "shut down")) << message;
+    std::vector<int32_t> in(1);
+    EXPECT_TRUE(contains(messageOf<Error>([&] { blockingRecv(p2p, in, 1, 1); }), "shut down"));
+    EXPECT_TRUE(contains(messageOf<Error>([&] { blockingSend(p2p, in, 1, 1); }), "shut down"));
+  });
+}
+
+TEST_P(P2pTest, BlockingCallFromACallbackOnTheProgressThreadIsRefused) {
+  std::atomic<bool> posted{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      waitForFlag(posted);
+      blockingSend(p2p, {1}, 0, 1);
+      return;
+    }
+    std::vector<int32_t> in(1);
+    std::string message;
+    std::atomic<bool> refused{false};
+    const auto work = recv(p2p, in, 1, 1);
+    // The message comes after the receive was posted: the progress thread completes it.
+    work->addCallback([&](Work&) {
+      std::vector<int32_t> out(1);
+      message = messageOf<InvalidArgument>([&] { blockingSend(p2p, out, 1, 2); });
+      refused = true;
+    });
+    posted = true;
+    work->wait();
+    waitForFlag(refused);
+    EXPECT_TRUE(contains(message, "send to rank 1 called from a Work callback on the progress thread")) << message;
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Failures, per transport
+
+TEST_P(P2pTest, TypeOrCountMismatchFailsBothSides) {
+  // A small message (its send finished before the receiver looked at it: the sender
+  // learns at its next operation with that rank) and a large one (its send fails).
+  for (const bool large : {false, true}) {
+    const size_t count = large ? kHugeCount : 8;
+    const std::string sent = "int32 x " + std::to_string(count);
+    const std::string expected = "float32 x " + std::to_string(count / 2);
+    std::atomic<bool> done{false};
+    runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+      if (rank == 1) {
+        std::vector<float> in(count / 2);
+        const auto start = Clock::now();
+        const std::string message = failureOf<CollectiveMismatchError>(
+            p2p.irecv(in.data(), in.size(), DataType::kFloat32, 0, 3));
+        EXPECT_LT(elapsedSince(start), 5000ms);
+        for (const std::string& part :
+             {std::string("rank 0"), std::string("rank 1"), std::string("tag 3"), sent, expected}) {
+          EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+        }
+        waitForFlag(done);  // stay connected: rank 0 must learn it from the notice
+        return;
+      }
+      const SetOnExit setDone(done);
+      const std::vector<int32_t> out = values(count, 5);
+      const auto work = send(p2p, out, 1, 3);
+      std::string message;
+      if (large) {
+        message = failureOf<CollectiveMismatchError>(work);
+      } else {
+        work->wait();
+        std::vector<int32_t> in(1);
+        message = failureOf<CollectiveMismatchError>(recv(p2p, in, 1, 9));
+      }
+      for (const std::string& part : {std::string("rank 0"), std::string("rank 1"), std::string("tag 3"), expected}) {
+        EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+      }
+      if (large) {
+        EXPECT_TRUE(contains(message, sent)) << message;
+      }
+      // Later operations with rank 1 fail at once, with the same diagnosis.
+      std::vector<int32_t> more(1);
+      EXPECT_TRUE(contains(failureOf<CollectiveMismatchError>(send(p2p, more, 1, 4), 1s), "mismatch"));
+    });
+  }
+}
+
+TEST_P(P2pTest, PeerThatShutsDownFailsOperationsWithItButNotWithOthers) {
+  std::atomic<bool> posted{false};
+  std::atomic<bool> checked{false};
+  runEngines(3, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      waitForFlag(posted);
+      std::this_thread::sleep_for(20ms);  // let rank 0's progress thread fall asleep
+      p2p.shutdown();
+      // Stay connected until rank 0 has checked: closing a connection with unread data
+      // resets it, which fails rank 0's receive from any source as a broken connection.
+      waitForFlag(checked);
+      return;
+    }
+    if (rank == 2) {
+      waitForFlag(checked);
+      send(p2p, {42}, 0, 2)->wait();
+      return;
+    }
+    const SetOnExit setChecked(checked);
+    std::vector<int32_t> fromOne(1);
+    std::vector<int32_t> fromAny(1, -1);
+    const std::vector<int32_t> huge = values(kHugeCount, 6);
+    const auto receive = recv(p2p, fromOne, 1, 1);
+    const auto anySource = recv(p2p, fromAny, kAny, 2);
+    const auto hugeSend = send(p2p, huge, 1, 1);
+    posted = true;
+    const auto start = Clock::now();
+    for (const auto& work : {receive, hugeSend}) {
+      const std::string message = failureOf<NetworkError>(work);
+      EXPECT_TRUE(contains(message, "rank 1")) << message;
+    }
+    EXPECT_LT(elapsedSince(start), 2000ms);
+    // Nothing more comes from rank 1, which said so: a receive from any source waits for
+    // the others.
+    EXPECT_FALSE(anySource->isCompleted());
+    checked = true;
+    anySource->wait();
+    EXPECT_EQ(anySource->sourceRank(), 2);
+    EXPECT_EQ(fromAny[0], 42);
+    EXPECT_THROW(recv(p2p, fromOne, 1, 1)->wait(), NetworkError);  // at once
+  });
+}
+
+TEST_P(P2pTest, TimeoutNamesTheOperationAndKeepsAnUnmatchedPeerUsable) {
+  std::atomic<bool> timedOut{false};
+  std::atomic<bool> done{false};
+  runEngines(
+      2, GetParam(),
+      [&](int rank, PointToPoint& p2p) {
+        if (rank == 1) {
+          waitForFlag(timedOut);
+          send(p2p, {7}, 0, 5)->wait();
+          waitForFlag(done);
+          return;
+        }
+        const SetOnExit setDone(done);
+        {
+          const SetOnExit setTimedOut(timedOut);
+          std::vector<int32_t> in(1);
+          const auto start = Clock::now();
+          const std::string message = failureOf<TimeoutError>(recv(p2p, in, 1, 4));
+          const auto elapsed = elapsedSince(start);
+          EXPECT_GE(elapsed, 1000ms);
+          EXPECT_LT(elapsed, 3000ms) << message;
+          EXPECT_TRUE(contains(message, "irecv from rank 1 (tag 4, int32 x 1)")) << message;
+          EXPECT_TRUE(contains(message, "timed out after 1000 ms")) << message;
+        }
+        // The receive never reached the connection: rank 1 is still reachable.
+        std::vector<int32_t> in(1, -1);
+        recv(p2p, in, 1, 5)->wait();
+        EXPECT_EQ(in[0], 7);
+        // A send that times out had its bytes in the connection: it is given up.
+        const std::vector<int32_t> huge = values(kHugeCount, 8);
+        const std::string message = failureOf<TimeoutError>(send(p2p, huge, 1, 6));
+        EXPECT_TRUE(contains(message, "isend to rank 1 (tag 6")) << message;
+        const std::string later = failureOf<NetworkError>(send(p2p, {1}, 1, 7), 1s);
+        EXPECT_TRUE(contains(later, "given up after the isend to rank 1 (tag 6")) << later;
+      },
+      1000ms);
+}
+
+TEST_P(P2pTest, BlockingCallsReportMismatchesLikeTheirWorks) {
+  // As TypeOrCountMismatchFailsBothSides, with send/recv on both sides.
+  for (const bool large : {false, true}) {
+    const size_t count = large ? kHugeCount : 8;
+    const std::string expected = "float32 x " + std::to_string(count / 2);
+    std::atomic<bool> done{false};
+    runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+      if (rank == 1) {
+        std::vector<float> in(count / 2);
+        const std::string message = messageOf<CollectiveMismatchError>(
+            [&] { p2p.recv(in.data(), in.size(), DataType::kFloat32, 0, 3); });
+        for (const std::string& part : {std::string("rank 1's recv from rank 0 with tag 3 expects ") + expected,
+                                        "rank 0 sent int32 x " + std::to_string(count)}) {
+          EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+        }
+        waitForFlag(done);  // stay connected: rank 0 must learn it from the notice
+        return;
+      }
+      const SetOnExit setDone(done);
+      std::string message;
+      if (large) {
+        message = messageOf<CollectiveMismatchError>([&] { blockingSend(p2p, values(count, 5), 1, 3); });
+      } else {
+        blockingSend(p2p, values(count, 5), 1, 3);
+        std::vector<int32_t> in(1);
+        message = messageOf<CollectiveMismatchError>([&] { blockingRecv(p2p, in, 1, 9); });
+      }
+      EXPECT_TRUE(contains(message, "rank 1's receive for it expects " + expected) ||
+                  contains(message, "rank 1's receive for rank 0's message number 1 with tag 3"))
+          << message;
+      std::vector<int32_t> more(1);
+      EXPECT_TRUE(contains(messageOf<CollectiveMismatchError>([&] { blockingSend(p2p, more, 1, 4); }), "mismatch"));
+    });
+  }
+}
+
+TEST_P(P2pTest, BlockingCallsTimeOutLikeTheirWorks) {
+  std::atomic<bool> timedOut{false};
+  std::atomic<bool> done{false};
+  runEngines(
+      2, GetParam(),
+      [&](int rank, PointToPoint& p2p) {
+        if (rank == 1) {
+          waitForFlag(timedOut);
+          blockingSend(p2p, {7}, 0, 5);
+          waitForFlag(done);
+          return;
+        }
+        const SetOnExit setDone(done);
+        {
+          const SetOnExit setTimedOut(timedOut);
+          std::vector<int32_t> in(1);
+          const auto start = Clock::now();
+          const std::string message = messageOf<TimeoutError>([&] { blockingRecv(p2p, in, 1, 4); });
+          const auto elapsed = elapsedSince(start);
+          EXPECT_GE(elapsed, 1000ms);
+          EXPECT_LT(elapsed, 3000ms) << message;
+          EXPECT_TRUE(contains(message, "recv from rank 1 (tag 4, int32 x 1) timed out after 1000 ms")) << message;
+        }
+        // The receive never reached the connection: rank 1 is still reachable.
+        std::vector<int32_t> in(1, -1);
+        EXPECT_EQ(blockingRecv(p2p, in, 1, 5), 1);
+        EXPECT_EQ(in[0], 7);
+        // A send that times out had its bytes in the connection: it is given up.
+        const std::string message = messageOf<TimeoutError>([&] { blockingSend(p2p, values(kHugeCount, 8), 1, 6); });
+        EXPECT_TRUE(contains(message, "send to rank 1 (tag 6")) << message;
+        const std::string later = messageOf<NetworkError>([&] { blockingSend(p2p, {1}, 1, 7); });
+        EXPECT_TRUE(contains(later, "given up after the send to rank 1 (tag 6")) << later;
+      },
+      1000ms);
+}
+
+TEST_P(P2pTest, ShutdownFailsPendingOperationsAndRefusesNewOnes) {
+  std::atomic<bool> done{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      waitForFlag(done);
+      return;
+    }
+    const SetOnExit setDone(done);
+    std::vector<int32_t> in(1);
+    const std::vector<int32_t> huge = values(kHugeCount, 9);
+    const std::vector<std::shared_ptr<Work>> pending = {recv(p2p, in, 1, 1), recv(p2p, in, kAny, 2),
+                                                        send(p2p, huge, 1, 3)};
+    std::this_thread::sleep_for(20ms);  // let the progress thread fall asleep
+    const auto start = Clock::now();
+    p2p.shutdown();
+    EXPECT_LT(elapsedSince(start), 1000ms);
+    for (const auto& work : pending) {
+      ASSERT_TRUE(work->isCompleted());
+      EXPECT_TRUE(contains(failureOf<Error>(work), "shut down"));
+    }
+    EXPECT_TRUE(contains(messageOf<Error>([&] { send(p2p, {1}, 1, 1); }), "shut down"));
+    EXPECT_TRUE(contains(messageOf<Error>([&] { recv(p2p, in, 1, 1); }), "shut down"));
+    p2p.shutdown();  // idempotent
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, P2pTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
+// ---------------------------------------------------------------------------------------
+// Arguments
+
+TEST(P2pArguments, AreCheckedBeforeAnythingMoves) {
+  EXPECT_THROW({ PointToPoint p2p(nullptr); }, InvalidArgument);
+  runEngines(2, TransportKind::kTcp, [&](int rank, PointToPoint& p2p) {
+    EXPECT_EQ(p2p.rank(), rank);
+    EXPECT_EQ(p2p.size(), 2);
+    const int peer = 1 - rank;
+    int32_t value = 0;
+    const auto isend = [&](const void* data, size_t count, DataType type, int to, int tag) {
+      return messageOf<InvalidArgument>([&] { p2p.isend(data, count, type, to, tag); });
+    };
+    const auto irecv = [&](void* data, size_t count, DataType type, int from, int tag) {
+      return messageOf<InvalidArgument>([&] { p2p.irecv(data, count, type, from, tag); });
+    };
+    EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, 2, 0), "peer 2 is not a rank of this group [0, 2)"));
+    EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, kAny, 0), "peer -1"));
+    EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, rank, 0), "is this rank"));
+    EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, peer, -1), "tag -1 is negative"));
+    EXPECT_TRUE(contains(isend(nullptr, 3, DataType::kInt32, peer, 0), "null buffer of 3 elements"));
+    EXPECT_FALSE(isend(&value, 1, static_cast<DataType>(99), peer, 0).empty());
+    EXPECT_TRUE(contains(isend(&value, SIZE_MAX / 2, DataType::kInt64, peer, 0), "do not fit"));
+    EXPECT_TRUE(contains(irecv(&value, 1, DataType::kInt32, -2, 0), "nor kAnySource"));
+    EXPECT_TRUE(contains(irecv(&value, 1, DataType::kInt32, rank, 0), "is this rank"));
+    EXPECT_TRUE(contains(irecv(&value, 1, DataType::kInt32, kAny, -5), "tag -5 is negative"));
+    EXPECT_TRUE(contains(irecv(nullptr, 2, DataType::kInt32, peer, 0), "null buffer of 2 elements"));
+    // The blocking forms check the same, naming themselves.
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.send(&value, 1, DataType::kInt32, 2, 0); }),
+                         "send: peer 2 is not a rank of this group [0, 2)"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.send(&value, 1, DataType::kInt32, rank, 0); }),
+                         "is this rank"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.send(nullptr, 3, DataType::kInt32, peer, 0); }),
+                         "send to rank " + std::to_string(peer) + ": null buffer of 3 elements"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.recv(&value, 1, DataType::kInt32, -2, 0); }),
+                         "recv: peer -2 is not a rank of this group [0, 2) nor kAnySource (-1)"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.recv(&value, 1, DataType::kInt32, kAny, -5); }),
+                         "recv from any source: tag -5 is negative"));
+    // Empty messages need no buffer.
+    if (rank == 0) {
+      p2p.isend(nullptr, 0, DataType::kFloat32, peer, 0)->wait();
+      p2p.send(nullptr, 0, DataType::kFloat32, peer, 0);
+    } else {
+      p2p.irecv(nullptr, 0, DataType::kFloat32, kAny, 0)->wait();
+      EXPECT_EQ(p2p.recv(nullptr, 0, DataType::kFloat32, kAny, 0), 0);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+class P2pProcessTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(P2pProcessTest, KilledPeerFailsEveryPendingOperationQuickly) {
+  // Rank 1 is SIGKILLed while rank 0 waits for a message from it, for a message from any
+  // source, and for a large send to it to finish; rank 2 stays alive.
+  const TransportKind kind = GetParam();
+  const auto results = test::runProcesses(3, [kind](int rank, std::shared_ptr<Store> store) {
+    PointToPoint p2p(Communicator::create(store, rank, 3, testOptions(kind)));
+    std::vector<int32_t> in(1);
+    if (rank == 1) {
+      recv(p2p, in, 0, 1)->wait();
+      std::this_thread::sleep_for(200ms);  // rank 0 posts its operations meanwhile
+      ::raise(SIGKILL);
+      return std::string("not killed");
+    }
+    if (rank == 2) {
+      recv(p2p, in, 0, 2)->wait();  // rank 0 is done
+      return std::string();
+    }
+    // Rank 1 dies a little after this message, with no receive posted: the large send
+    // below stays with rank 0.
+    send(p2p, {1}, 1, 1)->wait();
+    std::vector<int32_t> fromOne(1);
+    std::vector<int32_t> fromAny(1);
+    const std::vector<int32_t> huge = values(kHugeCount, 10);
+    const std::vector<std::shared_ptr<Work>> pending = {recv(p2p, fromOne, 1, 5), recv(p2p, fromAny, kAny, 6),
+                                                        send(p2p, huge, 1, 7)};
+    const auto start = Clock::now();
+    std::string report;
+    for (const auto& work : pending) {
+      try {
+        work->wait(10s);
+        report += "completed; ";
+      } catch (const NetworkError& e) {
+        if (!contains(e.what(), "rank 1")) report += std::string("unnamed peer: ") + e.what() + "; ";
+      }
+    }
+    // Measured from the kill, roughly: the operations were posted just before it.
+    const long ms = static_cast<long>(elapsedSince(start).count());
+    send(p2p, {2}, 2, 2)->wait();
+    if (!report.empty()) throw std::runtime_error(report);
+    return std::to_string(ms);
+  });
+  ASSERT_EQ(results[1].signal, SIGKILL) << results[1].message;
+  EXPECT_TRUE(results[2].exited && results[2].code == 0) << results[2].message;
+  const test::ChildResult& r = results[0];
+  ASSERT_TRUE(r.exited && r.code == 0) << r.message;
+  EXPECT_LT(std::stol(r.message), 2000) << r.message;
+  std::printf("[ info ] %s: killed peer failed every pending operation after %s ms\n", kindName(kind),
+              r.message.c_str());
+}
+
+TEST_P(P2pProcessTest, KilledPeerFailsBlockingCallsQuickly) {
+  // Rank 1 is SIGKILLed while rank 0 waits in a blocking recv from it and, on another
+  // thread, in a blocking recv from any source; rank 2 stays alive.
+  const TransportKind kind = GetParam();
+  const auto results = test::runProcesses(3, [kind](int rank, std::shared_ptr<Store> store) {
+    PointToPoint p2p(Communicator::create(store, rank, 3, testOptions(kind)));
+    std::vector<int32_t> in(1);
+    if (rank == 1) {
+      blockingRecv(p2p, in, 0, 1);
+      std::this_thread::sleep_for(200ms);  // rank 0 waits meanwhile
+      ::raise(SIGKILL);
+      return std::string("not killed");
+    }
+    if (rank == 2) {
+      blockingRecv(p2p, in, 0, 2);  // rank 0 is done
+      blockingSend(p2p, {2}, 0, 3);
+      return std::string();
+    }
+    blockingSend(p2p, {1}, 1, 1);
+    std::string report;
+    const auto expectNetworkError = [&](const char* what, const std::function<void()>& call) {
+      try {
+        call();
+        report += std::string(what) + " completed; ";
+      } catch (const NetworkError& e) {
+        if (!contains(e.what(), "rank 1")) report += std::string(what) + " named no peer: " + e.what() + "; ";
+      }
+    };
+    const auto start = Clock::now();
+    std::vector<int32_t> fromOne(1);
+    std::vector<int32_t> fromAny(1);
+    inParallel({[&] { expectNetworkError("recv from rank 1", [&] { blockingRecv(p2p, fromOne, 1, 5); }); },
+                [&] { expectNetworkError("recv from any source", [&] { blockingRecv(p2p, fromAny, kAny, 6); }); }});
+    // Measured from the kill, roughly: the receives were posted just before it.
+    const long ms = static_cast<long>(elapsedSince(start).count());
+    expectNetworkError("send to rank 1", [&] { blockingSend(p2p, values(kHugeCount, 10), 1, 7); });
+    // The others are still reachable.
+    blockingSend(p2p, {2}, 2, 2);
+    if (blockingRecv(p2p, fromAny, kAny, 3) != 2 || fromAny[0] != 2) report += "no message from rank 2; ";
+    if (!report.empty()) throw std::runtime_error(report);
+    return std::to_string(ms);
+  });
+  ASSERT_EQ(results[1].signal, SIGKILL) << results[1].message;
+  EXPECT_TRUE(results[2].exited && results[2].code == 0) << results[2].message;
+  const test::ChildResult& r = results[0];
+  ASSERT_TRUE(r.exited && r.code == 0) << r.message;
+  EXPECT_LT(std::stol(r.message), 2000) << r.message;
+  std::printf("[ info ] %s: killed peer failed the blocking receives after %s ms\n", kindName(kind),
+              r.message.c_str());
+}
+
+// Ping-pong between two processes: one-way latency of 8-byte messages and the bandwidth
+// of 64 MiB ones, through PointToPoint's blocking send/recv, through isend/irecv + wait,
+// and, as the baseline, through the bare pair with the caller's thread waiting (what
+// collectives do). Each figure is the best of kRepeats runs (the machine may be shared).
+// Printed, not asserted.
+TEST_P(P2pProcessTest, PingPongLatencyAndBandwidth) {
+  constexpr int kRepeats = 3;
+  const TransportKind kind = GetParam();
+  const auto results = test::runProcesses(2, [kind](int rank, std::shared_ptr<Store> store) {
+    auto communicator = Communicator::create(store, rank, 2, testOptions(kind));
+    const int peer = 1 - rank;
+    // Seconds per one-way trip of `bytes`, the best of kRepeats averages over `iterations`
+    // round trips; step(sending, buffer, bytes) moves one message.
+    const auto timeOneWay = [&](size_t bytes, int iterations, const auto& step) {
+      std::vector<uint8_t> buffer(bytes, 1);
+      double best = 1e9;
+      for (int repeat = 0; repeat < kRepeats; ++repeat) {
+        Clock::time_point start;
+        const int warmup = iterations / 10 + 1;
+        for (int i = 0; i < warmup + iterations; ++i) {
+          if (i == warmup) start = Clock::now();
+          step(rank == 0, buffer.data(), bytes);
+          step(rank != 0, buffer.data(), bytes);
+        }
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iterations / 2);
+      }
+      return best;
+    };
+    const auto gbPerS = [](double seconds) { return 64.0 * kMiB / seconds / 1e9; };
+    std::string report;
+    const auto measure = [&](const char* name, const auto& step) {
+      const double small = timeOneWay(8, 3000, step);
+      const double large = timeOneWay(64 * kMiB, 4, step);
+      char text[160];
+      std::snprintf(text, sizeof(text), "%s%s %.2f us, %.2f GB/s", report.empty() ? "" : "; ", name, small * 1e6,
+                    gbPerS(large));
+      report += text;
+    };
+    transport::Pair& pair = communicator->impl().pair(peer);
+    const transport::Envelope envelope;
+    measure("pair", [&](bool sending, uint8_t* data, size_t bytes) {
+      if (sending) {
+        pair.postSend(envelope, data, bytes);
+      } else {
+        pair.postRecv(envelope, data, bytes);
+      }
+      communicator->impl().waitIdle({&pair}, net::deadlineAfter(20s));
+    });
+    // Every pair message was consumed: the engine starts on clean connections.
+    PointToPoint p2p(std::move(communicator));
+    measure("send/recv", [&](bool sending, uint8_t* data, size_t bytes) {
+      if (sending) {
+        p2p.send(data, bytes, DataType::kUInt8, peer, 0);
+      } else {
+        p2p.recv(data, bytes, DataType::kUInt8, peer, 0);
+      }
+    });
+    measure("isend/irecv+wait", [&](bool sending, uint8_t* data, size_t bytes) {
+      if (sending) {
+        p2p.isend(data, bytes, DataType::kUInt8, peer, 0)->wait();
+      } else {
+        p2p.irecv(data, bytes, DataType::kUInt8, peer, 0)->wait();
+      }
+    });
+    return report;
+  });
+  for (const auto& r : results) ASSERT_TRUE(r.exited && r.code == 0) << r.message;
+  std::printf("[ perf ] %s point-to-point, 2 processes, 8-byte one-way latency and 64 MiB bandwidth (best of 3): "
+              "%s\n",
+              kindName(kind), results[0].message.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, P2pProcessTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
+}  // namespace
+}  // namespace ringtree
