@@ -157,6 +157,18 @@ class Checker:
             self.failures.append(what)
 
 
+def expect_raises(check: Checker, name: str, error: type, call) -> None:
+    """Checks that call() raises ``error`` (reported under ``name`` either way)."""
+    try:
+        call()
+    except error:
+        check(True, name)
+    except Exception as exc:  # noqa: BLE001 - reported
+        check(False, f"{name}: raised {type(exc).__name__}: {exc}")
+    else:
+        check(False, f"{name}: did not raise")
+
+
 def torch_grid(rank: int, world_size: int, check: Checker) -> None:
     """Every collective x dtype x valid op x count x root, sync and async alternately."""
     case = 0
@@ -284,14 +296,7 @@ def invalid_calls(rank: int, world_size: int, check: Checker) -> None:
         ("not a buffer", lambda: dist.all_reduce([1.0, 2.0]), TypeError),
     ]
     for name, call, error in cases:
-        try:
-            call()
-        except error:
-            check(True, name)
-        except Exception as exc:  # noqa: BLE001 - reported
-            check(False, f"{name}: raised {type(exc).__name__}: {exc}")
-        else:
-            check(False, f"{name}: did not raise")
+        expect_raises(check, name, error, call)
     check(torch.equal(f, torch.arange(4, dtype=torch.float32)) and torch.equal(c, torch.ones(3, dtype=torch.complex64)),
           "buffers untouched by invalid calls")
     t = torch.full((7,), float(rank))

@@ -73,14 +73,6 @@ def test_waits_timeouts_and_mismatch():
 # --- world size 1, in this process ------------------------------------------------------------
 
 
-@pytest.fixture
-def world1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def test_import_is_light():
     code = "import sys, ringtree; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

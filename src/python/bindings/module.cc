@@ -3,7 +3,9 @@
 #include <ringtree/version.h>
 
 #include "collectives.h"
+#include "diagnostics.h"
 #include "errors.h"
+#include "p2p.h"
 #include "store.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -12,4 +14,6 @@ PYBIND11_MODULE(_C, m) {
   ringtree::python::initErrors(m);
   ringtree::python::initStore(m);
   ringtree::python::initCollectives(m);
+  ringtree::python::initDiagnostics(m);
+  ringtree::python::initPointToPoint(m);
 }

@@ -116,6 +116,9 @@ timeout passes (then raise DistStoreError naming the keys and the timeout).)")
              s.multiSet(keys, bytes);
            },
            py::arg("keys"), py::arg("values"))
+      .def("clone", &Store::clone, py::call_guard<py::gil_scoped_release>(),
+           "A new client of the same keys that another thread may use concurrently (TCPStore: its own "
+           "connection); starts with this store's timeout.")
       .def("set_timeout", &Store::setTimeout, py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("timeout", &Store::timeout, "The default timeout of get() and wait().");
 

@@ -13,7 +13,27 @@ from ._C import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._C import __version__ as __version__
 from .backend import Backend, BackendConfig
 from .constants import default_pg_timeout
-from .collectives import Work, all_reduce, barrier, broadcast, reduce
+from .collectives import _all_gather_base as _all_gather_base
+from .collectives import _reduce_scatter_base as _reduce_scatter_base
+from .collectives import (
+    Work,
+    all_gather,
+    all_gather_coalesced,
+    all_gather_into_tensor,
+    all_gather_single,
+    all_reduce,
+    all_reduce_coalesced,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+    scatter,
+)
 from .errors import (
     CollectiveMismatchError,
     DistBackendError,
@@ -25,6 +45,7 @@ from .errors import (
 from .process_group import (
     GroupMember,
     ProcessGroup,
+    abort_process_group,
     destroy_process_group,
     get_backend,
     get_backend_config,
@@ -42,7 +63,28 @@ from .process_group import (
     is_nccl_available,
 )
 from .process_group import _store_barrier as _store_barrier
+from .diagnostics import dump_flight_recorder
+from .groups import (
+    get_global_rank,
+    get_group_rank,
+    get_pg_count,
+    get_process_group_ranks,
+    monitored_barrier,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+    split_group,
+)
 from ._reduce_op import ReduceOp
+from .object_collectives import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .rendezvous import register_rendezvous_handler, rendezvous
 
 __all__ = [
@@ -57,34 +99,69 @@ __all__ = [
     "FileStore",
     "GroupMember",
     "HashStore",
+    "P2POp",
     "PrefixStore",
     "ProcessGroup",
     "ReduceOp",
     "Store",
     "TCPStore",
     "Work",
+    "abort_process_group",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
     "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
+    "broadcast_object_list",
     "default_pg_timeout",
     "destroy_process_group",
+    "dump_flight_recorder",
+    "gather",
+    "gather_object",
     "get_backend",
     "get_backend_config",
     "get_default_backend_for_device",
+    "get_global_rank",
+    "get_group_rank",
     "get_node_local_rank",
+    "get_pg_count",
+    "get_process_group_ranks",
     "get_rank",
     "get_world_size",
     "group",
     "init_process_group",
+    "irecv",
     "is_available",
     "is_backend_available",
     "is_gloo_available",
     "is_initialized",
     "is_mpi_available",
     "is_nccl_available",
+    "isend",
+    "monitored_barrier",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "recv",
+    "recv_object_list",
     "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
     "register_rendezvous_handler",
     "rendezvous",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
+    "split_group",
 ]
 
 

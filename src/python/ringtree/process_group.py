@@ -7,11 +7,12 @@ import os
 import sys
 import threading
 import time
+import warnings
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from . import constants
-from ._C import Communicator, PrefixStore, Store, TCPStore
+from . import _C, constants
+from ._C import Communicator, PointToPoint, PrefixStore, Store, TCPStore
 from ._C import ProcessGroup as _NativeProcessGroup
 from ._world import world
 from .backend import Backend, BackendConfig
@@ -21,6 +22,7 @@ from .rendezvous import rendezvous
 __all__ = [
     "GroupMember",
     "ProcessGroup",
+    "abort_process_group",
     "destroy_process_group",
     "get_backend",
     "get_backend_config",
@@ -54,8 +56,9 @@ _EXITED_KEY = "ringtree/exited"
 class ProcessGroup:
     """A set of ranks that communicate together; the handle that ``group=`` arguments take.
 
-    Created by :func:`init_process_group` (the default group). ``rank()`` and ``size()``
-    are this process's rank in the group and the group's size.
+    Created by :func:`init_process_group` (the default group) and by the functions of
+    ``groups.py`` (new_group, new_subgroups, split_group). ``rank()`` and ``size()`` are
+    this process's rank in the group and the group's size.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class ProcessGroup:
         backend: str,
         group_name: str,
         ranks: list[int],
+        group_desc: str = "undefined",
     ) -> None:
         self._store = store
         self._rank = rank
@@ -84,7 +88,16 @@ class ProcessGroup:
         self._engine: _NativeProcessGroup | _NoEngine = _NoEngine(
             f"group {group_name!r} has no CPU collective engine (backend {backend!r} does not map 'cpu' to 'gloo')"
         )
+        # The point-to-point engine (send, recv, ...), over connections of its own.
+        self._p2p: PointToPoint | _NoEngine = self._engine
         self._barrier_count = 0
+        self._group_desc = group_desc
+        # Calls of split_group on this group (names the groups it creates, see groups.py).
+        self._split_count = 0
+        # monitored_barrier state (groups.py): calls so far, and on rank 0 the store keys of
+        # earlier barriers that can only be deleted once a later one has passed.
+        self._monitored_barrier_count = 0
+        self._monitored_barrier_stale_keys: list[str] = []
 
     def rank(self) -> int:
         return self._rank
@@ -100,6 +113,10 @@ class ProcessGroup:
         return self._group_name
 
     @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    @property
     def store(self) -> Store:
         return self._store
 
@@ -112,6 +129,15 @@ class ProcessGroup:
             f"ProcessGroup(name={self._group_name!r}, backend={self._backend_str!r}, "
             f"rank={self._rank}, size={self._size})"
         )
+
+    def abort(self) -> None:
+        """Aborts this group's collectives: the one running (on any thread) fails within
+        about 100 ms with DistBackendError saying it was aborted, queued ones fail without
+        running, later ones raise at once, and the group's connections and shared memory
+        are released (its peers see this rank leave). The group stays registered:
+        destroy_process_group still removes it, dump_flight_recorder still reads it.
+        Returns once nothing runs any more. Idempotent."""
+        _abort_engine(self)
 
 
 class _NoEngine:
@@ -127,21 +153,54 @@ class _NoEngine:
         raise DistBackendError(self._reason)
 
     allreduce = broadcast = reduce = barrier = _fail
+    allgather = allgather_single = gather = scatter = reduce_scatter = reduce_scatter_single = _fail
+    alltoall = alltoall_single = allreduce_coalesced = allgather_coalesced = _fail
+    isend = irecv = _fail
 
 
 def _start_engine(pg: ProcessGroup) -> None:
     """Connects the group's ranks (a collective: blocks until all arrive) and starts the
-    native CPU engine over the connections, with the group's timeout."""
+    native CPU engines over the connections, with the group's timeout: the collective
+    engine and the point-to-point engine, each over connections of its own."""
     communicator = Communicator.create(PrefixStore("comm", pg.store), pg.rank(), pg.size(), pg.timeout)
+    # Flight-record dumps name the rank by its global rank; the group created first (by
+    # init_process_group) is the world.
+    _C._set_identity(communicator, pg.group_name, pg._ranks[pg.rank()], world.default_pg is None)
+    p2p_communicator = Communicator.create(PrefixStore("p2p", pg.store), pg.rank(), pg.size(), pg.timeout)
     pg._engine = _NativeProcessGroup(communicator)
+    pg._p2p = PointToPoint(p2p_communicator)
 
 
 def _stop_engine(pg: ProcessGroup) -> None:
-    """Runs the group's queued collectives to completion and stops its engine."""
-    engine = pg._engine
+    """Runs the group's queued collectives to completion and stops its engines (pending
+    point-to-point operations fail)."""
+    engine, p2p = pg._engine, pg._p2p
+    pg._engine = pg._p2p = _NoEngine(f"group {pg.group_name!r} has been destroyed")
     if isinstance(engine, _NativeProcessGroup):
-        pg._engine = _NoEngine(f"group {pg.group_name!r} has been destroyed")
         engine.shutdown()
+        _dump_flight_record(engine, "destroy_process_group")
+    if isinstance(p2p, PointToPoint):
+        p2p.shutdown()
+
+
+def _abort_engine(pg: ProcessGroup) -> None:
+    """Aborts the group's engines (see ProcessGroup.abort), keeping the collective engine
+    in place so that its flight record stays readable and its refusals say why."""
+    engine, p2p = pg._engine, pg._p2p
+    if isinstance(p2p, PointToPoint):
+        pg._p2p = _NoEngine(f"group {pg.group_name!r} has been aborted")
+        p2p.shutdown()
+    if isinstance(engine, _NativeProcessGroup):
+        _C._abort(engine)
+
+
+def _dump_flight_record(engine: _NativeProcessGroup, reason: str) -> None:
+    """Writes the engine's flight record into RINGTREE_FLIGHT_RECORDER_DIR when that is
+    set; a failure to write is a warning, not an error of the caller."""
+    try:
+        _C._dump_flight_record(engine.communicator, reason)
+    except Exception as exc:  # noqa: BLE001 - diagnostics must not fail a shutdown
+        warnings.warn(f"cannot write the flight record: {exc}", RuntimeWarning, stacklevel=3)
 
 
 class _WorldAccessor(type):
@@ -159,6 +218,25 @@ class GroupMember(metaclass=_WorldAccessor):
 
 class group(metaclass=_WorldAccessor):  # noqa: N801 (torch's name)
     """``group.WORLD`` is the default group (None before init)."""
+
+
+def _rank_not_in_group(group: ProcessGroup | int | None) -> bool:
+    """True when ``group`` is what new_group gave a rank that is not a member
+    (``GroupMember.NON_GROUP_MEMBER``); None (the world) and ProcessGroup objects are
+    groups this rank belongs to. Cheap: the collectives call it on every call."""
+    return group is not None and group == GroupMember.NON_GROUP_MEMBER
+
+
+def _warn_not_in_group(op_name: str, stacklevel: int = 3) -> None:
+    """Warns, as torch does, that ``op_name`` was called with a group this rank is not in
+    (the collective then returns None without doing anything). ``stacklevel`` as for
+    warnings.warn, counted from here: the default 3 names the caller of a public function
+    that calls this directly."""
+    global_rank = -1 if world.default_pg is None else world.default_pg.rank()
+    warnings.warn(
+        f"Running {op_name} on global rank {global_rank} which does not belong to the given group.",
+        stacklevel=stacklevel,
+    )
 
 
 def is_available() -> bool:
@@ -212,24 +290,35 @@ def _resolve(group: ProcessGroup | None) -> ProcessGroup:
 
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (default: the world); -1 if not a member."""
-    pg = _resolve(group)
-    return pg.rank()
+    if _rank_not_in_group(group):
+        return -1
+    return _resolve(group).rank()
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 if not a member."""
-    pg = _resolve(group)
-    return pg.size() if pg.rank() >= 0 else -1
+    if _rank_not_in_group(group):
+        return -1
+    return _resolve(group).size()
+
+
+def _joined_group(group: ProcessGroup | None) -> ProcessGroup:
+    """``group`` (the default group for None); ValueError when this rank is not in it."""
+    if _rank_not_in_group(group):
+        raise ValueError("Invalid process group specified")
+    return _resolve(group)
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
-    """The backend string ``group`` was created with (e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``)."""
-    return _resolve(group).name()
+    """The backend string ``group`` was created with (e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``).
+    ValueError for a group this rank is not in."""
+    return _joined_group(group).name()
 
 
 def get_backend_config(group: ProcessGroup | None = None) -> str:
-    """The per-device backend map of ``group`` as a string, e.g. ``'cpu:gloo,cuda:nccl'``."""
-    return repr(_resolve(group)._backend_config)
+    """The per-device backend map of ``group`` as a string, e.g. ``'cpu:gloo,cuda:nccl'``.
+    ValueError for a group this rank is not in."""
+    return repr(_joined_group(group)._backend_config)
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
@@ -314,11 +403,7 @@ def init_process_group(
     timeout = _check_timeout(timeout)
     if not isinstance(world_size, int) or not isinstance(rank, int):
         raise TypeError(f"rank and world_size must be int, got rank={rank!r}, world_size={world_size!r}")
-    if backend is not None and not isinstance(backend, str):
-        raise ValueError("Backend constructor parameter must be string-ish")
-    backend_str = Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")
-    config = BackendConfig(backend)
-    _check_backends(config, explicit=backend is not None)
+    backend_str = _parse_backend(backend)
     _check_device_id(device_id)
 
     if store is None:
@@ -335,26 +420,57 @@ def init_process_group(
         raise ValueError(f"rank {rank} must be lower than world_size {world_size}")
 
     name = group_name or str(world.group_count)
+    pg = _create_group(store, name, rank, list(range(world_size)), timeout, backend_str, "default_pg")
+    pg._root_store = store  # kept so the hosting rank can outlive the others (see _retire_store)
+    pg._group_count_at_init = world.group_count  # get_pg_count counts from here
+    world.default_pg = pg
+    world.group_count += 1
+    if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
+        _store_barrier(pg)
+
+
+def _parse_backend(backend: str | None) -> str:
+    """The backend string a group created with ``backend`` reports (``None`` ->
+    ``'cpu:gloo,cuda:nccl'``), after checking that this build provides what it names:
+    ValueError for an unknown or malformed name, DistBackendError for an unavailable
+    backend named explicitly."""
+    if backend is not None and not isinstance(backend, str):
+        raise ValueError("Backend constructor parameter must be string-ish")
+    _check_backends(BackendConfig(backend), explicit=backend is not None)
+    return Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")
+
+
+def _create_group(
+    root_store: Store,
+    name: str,
+    group_rank: int,
+    global_ranks: list[int],
+    timeout: timedelta,
+    backend_str: str,
+    group_desc: str,
+) -> ProcessGroup:
+    """Creates this rank's handle of group ``name`` (members ``global_ranks``, in group
+    rank order), whose store keys all live under ``name/`` in ``root_store``, with its
+    backends: the registered plugins by device, and ringtree's CPU engine when 'cpu' maps
+    to 'gloo'. The engine connects the members (a collective over them: blocks until each
+    member arrives, bounded by ``timeout``). Registers the group in ``world.groups`` once
+    everything succeeded. ValueError when ``name`` is taken."""
     if name in world.groups:
         raise ValueError(f"The specified group name {name} has already been created, please use a different group name")
-    pg_store = PrefixStore(name, store)
-    pg = ProcessGroup(pg_store, rank, world_size, timeout, backend_str, name, list(range(world_size)))
-    pg._root_store = store  # kept so the hosting rank can outlive the others (see _retire_store)
-    for device, backend_name in config.device_backend_map.items():
+    pg_store = PrefixStore(name, root_store)
+    pg = ProcessGroup(pg_store, group_rank, len(global_ranks), timeout, backend_str, name, global_ranks, group_desc)
+    for device, backend_name in pg._backend_config.device_backend_map.items():
         plugin = Backend._plugins.get(backend_name.upper())
         if plugin is None:
             continue
         device_store = PrefixStore(f"{device}", pg_store)
         if plugin.extended_api:
             raise ValueError(f"backend {backend_name!r} was registered with extended_api=True, which ringtree does not support")
-        pg._plugin_backends[device] = plugin.creator_fn(device_store, rank, world_size, timeout)
-    if config.device_backend_map.get("cpu") == Backend.GLOO:
+        pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, len(global_ranks), timeout)
+    if pg._backend_config.device_backend_map.get("cpu") == Backend.GLOO:
         _start_engine(pg)
-    world.default_pg = pg
     world.groups[name] = pg
-    world.group_count += 1
-    if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
-        _store_barrier(pg)
+    return pg
 
 
 def _store_barrier(group: ProcessGroup | None = None, timeout: timedelta | None = None) -> None:
@@ -432,13 +548,17 @@ def _wait_for_retained_stores() -> None:
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Destroys ``group``, or every group when None (the process may init again after).
+    """Destroys ``group``; every group when it is None or the default group (the process
+    may init again after). Does nothing for ``GroupMember.NON_GROUP_MEMBER``.
 
     Never waits for other ranks. If this process hosts the job's TCPStore, the store is
     kept serving until every other rank has destroyed the group or exited (bounded by
     the group timeout), and the process waits for that only at interpreter exit.
+    Raises ValueError for a group that is not (or no longer) registered.
     """
-    if group is None:
+    if _rank_not_in_group(group):
+        return
+    if group is None or group is world.default_pg:
         if world.default_pg is None:
             raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
         for pg in list(world.groups.values()):
@@ -447,13 +567,34 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         world.groups.clear()
         world.default_pg = None
         return
-    if group.group_name not in world.groups:
+    if world.groups.get(getattr(group, "group_name", None)) is not group:
         raise ValueError(f"Invalid process group specified: {group!r}")
     _stop_engine(group)
     _retire_store(group)
     del world.groups[group.group_name]
-    if group is world.default_pg:
-        world.default_pg = None
+
+
+def abort_process_group(group: ProcessGroup | None = None) -> None:
+    """Aborts ``group`` and removes it; every group when it is None or the default group
+    (the process may init again right after). Unlike destroy_process_group it does not
+    wait for a collective running on another thread: that one fails within about 100 ms
+    with DistBackendError, and queued ones fail without running (see
+    ProcessGroup.abort). Does nothing for ``GroupMember.NON_GROUP_MEMBER``; ValueError for
+    a group that is not (or no longer) registered.
+    """
+    if _rank_not_in_group(group):
+        return
+    if group is None or group is world.default_pg:
+        if world.default_pg is None:
+            raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+        aborted = list(world.groups.values())
+    elif world.groups.get(getattr(group, "group_name", None)) is not group:
+        raise ValueError(f"Invalid process group specified: {group!r}")
+    else:
+        aborted = [group]
+    for pg in aborted:
+        _abort_engine(pg)
+    destroy_process_group(group)
 
 
 def _at_exit() -> None:
