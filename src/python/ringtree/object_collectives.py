@@ -22,6 +22,7 @@ from typing import Any
 
 from ._C import ANY_SOURCE
 from .collectives import _check_root_list, _group_rank, _member_group
+from .p2p import _destination
 from .process_group import ProcessGroup
 
 __all__ = [
@@ -266,11 +267,7 @@ def send_object_list(
     pg = _member_group(group, "send_object_list")
     if pg is None:
         return
-    peer = _group_rank(pg, dst, group_dst, "dst")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank of the current process."
-        )
+    peer = _destination(pg, dst, group_dst)
     payloads = [pickle.dumps(obj) for obj in object_list]
     works = [
         pg._p2p.isend(array("q", map(len, payloads)), peer, 0),

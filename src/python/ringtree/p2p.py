@@ -36,6 +36,17 @@ from .process_group import ProcessGroup, _rank_not_in_group, get_rank
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
 
+def _destination(pg: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
+    """The group rank a blocking send goes to: ``dst`` (global) or ``group_dst``, and not
+    this rank (torch's check and text)."""
+    peer = _group_rank(pg, dst, group_dst, "dst")
+    if peer == pg.rank():
+        raise ValueError(
+            "Invalid destination rank: destination rank should not be the same as the rank of the current process."
+        )
+    return peer
+
+
 def isend(
     tensor: Any,
     dst: int | None = None,
@@ -119,11 +130,7 @@ def send(
     pg = _member_group(group, "send")
     if pg is None:
         return
-    peer = _group_rank(pg, dst, group_dst, "dst")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank of the current process."
-        )
+    peer = _destination(pg, dst, group_dst)
     pg._p2p.send(tensor, peer, tag)
 
 
