@@ -1,9 +1,11 @@
 """Tests of the benchmark CLI ``ringtree-bench`` (``python -m ringtree.bench``).
 
 Unit tests cover the command line (size suffixes, sweeps, busbw factors), the tables
-(nccl-tests' format), medians and comparisons, and the verifiable data. End-to-end tests
-run 2-rank jobs of every system installed here on sizes 8 B..64 KiB with ``-c 1`` and
-expect no wrong element; each is bounded by a subprocess timeout.
+(nccl-tests' format), medians and comparisons, and the verifiable data of every
+collective (checked against a NumPy simulation of each). End-to-end tests run 2-rank jobs
+(3-rank for the collectives whose peers depend on the rank) of every system installed
+here on small sizes with ``-c 1`` and expect no wrong element; each is bounded by a
+subprocess timeout.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ BENCH = [sys.executable, "-m", "ringtree.bench"]
 SMALL = "-b 8 -e 64K -n 2 -w 1 -c 1 --timeout 40".split()
 E2E_TIMEOUT_S = 50
 ALL = ["allreduce", "broadcast", "reduce", "barrier"]
+SPLIT = ["allgather", "reduce_scatter", "alltoall"]
+POINT_TO_POINT = ["sendrecv", "pingpong"]
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_MPI = shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
-RINGTREE_READY = all(hasattr(ringtree, name) for name in ("all_reduce", "broadcast", "reduce", "barrier"))
+RINGTREE_READY = all(hasattr(ringtree, f) for c in options.COLLECTIVES.values() for f in c.functions)
 
 
 def _bench(*argv: str, timeout: float = E2E_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -70,13 +74,43 @@ def test_size_sweep_rejects_bad_factor():
         options.size_sweep(8, 64, 1, 4)
 
 
+def test_size_sweep_rounds_to_whole_parts():
+    assert options.size_sweep(8, 64, 2, 4, parts=3) == [(12, 3), (24, 6), (60, 15)]
+    assert options.size_sweep(8, 64, 2, 4, parts=2) == [(8 << i, 2 << i) for i in range(4)]
+
+
 @pytest.mark.parametrize(("world_size", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
 def test_busbw_factors(world_size, factor):
-    assert options.COLLECTIVES["allreduce"].busbw_factor(world_size) == factor
-    assert options.COLLECTIVES["broadcast"].busbw_factor(world_size) == 1.0
-    assert options.COLLECTIVES["reduce"].busbw_factor(world_size) == 1.0
-    assert options.COLLECTIVES["barrier"].busbw_factor is None
-    assert not options.COLLECTIVES["barrier"].has_data
+    collectives = options.COLLECTIVES
+    assert collectives["allreduce"].busbw_factor(world_size) == factor
+    for name in SPLIT:
+        assert collectives[name].busbw_factor(world_size) == factor / 2, name
+    for name in ["broadcast", "reduce", *POINT_TO_POINT]:
+        assert collectives[name].busbw_factor(world_size) == 1.0, name
+    assert collectives["barrier"].busbw_factor is None
+    assert not collectives["barrier"].has_data
+
+
+def test_buffer_layouts():
+    collectives = options.COLLECTIVES
+    expected = {
+        "allreduce": (1, (1, 1), True),
+        "allgather": (4, (1, 4), False),
+        "reduce_scatter": (4, (4, 1), False),
+        "alltoall": (4, (4, 4), False),
+        "sendrecv": (1, (1, 1), False),
+        "pingpong": (1, (1, 1), False),
+    }
+    for name, (parts, buffer_parts, in_place) in expected.items():
+        collective = collectives[name]
+        assert (collective.parts(4), collective.buffer_parts(4), collective.in_place) == (
+            parts,
+            buffer_parts,
+            in_place,
+        ), name
+    assert collectives["pingpong"].transfers_per_call == 2
+    assert collectives["sendrecv"].transfers_per_call == 1
+    assert collectives["sendrecv"].min_ranks == collectives["pingpong"].min_ranks == 2
 
 
 def test_defaults():
@@ -86,6 +120,12 @@ def test_defaults():
     assert (args.iters, args.warmup_iters, args.check, args.root) == (20, 5, 1, 0)
     assert (args.datatype.name, args.op, args.system, args.compare) == ("float32", "sum", "ringtree", [])
     assert (args.nproc, args.repeat, args.json, args.plot) == (None, 1, None, None)
+
+
+def test_torch_names_are_aliases():
+    words = "all_gather all_gather_into_tensor reduce_scatter_tensor reducescatter all_to_all sendrecv,pingpong"
+    args = options.parse_args(words.split())
+    assert [c.name for c in args.collectives] == SPLIT + POINT_TO_POINT
 
 
 def test_flags_and_aliases():
@@ -135,15 +175,30 @@ def test_worker_argv_round_trips():
     assert (again.system, again.result_file, again.nproc) == ("gloo", "/tmp/result", None)
 
 
-def test_unsupported_combinations():
-    allreduce, broadcast = options.COLLECTIVES["allreduce"], options.COLLECTIVES["broadcast"]
+def test_unsupported_combinations(monkeypatch):
+    collectives = options.COLLECTIVES
+    allreduce, broadcast = collectives["allreduce"], collectives["broadcast"]
+    reduce_scatter, alltoall = collectives["reduce_scatter"], collectives["alltoall"]
     f16, f32, i32 = options.DTYPES["float16"], options.DTYPES["float32"], options.DTYPES["int32"]
-    assert "float16" in systems.unsupported_reason("mpi", allreduce, f16, "sum", True)
-    assert systems.unsupported_reason("mpi", broadcast, f16, "sum", True) is None
-    assert "AVG" in systems.unsupported_reason("mpi", allreduce, f32, "avg", True)
-    assert "AVG" in systems.unsupported_reason("gloo", allreduce, i32, "avg", True)
-    assert systems.unsupported_reason("gloo", allreduce, f32, "avg", True) is None
-    assert "torch" in systems.unsupported_reason("gloo", allreduce, f32, "sum", False)
+
+    def reason(system, collective, dtype, op, world_size=2, torch_found=True):
+        return systems.unsupported_reason(system, collective, dtype, op, world_size, torch_found)
+
+    assert "float16" in reason("mpi", allreduce, f16, "sum")
+    assert "float16" in reason("mpi", reduce_scatter, f16, "sum")
+    assert reason("mpi", broadcast, f16, "sum") is None
+    assert reason("mpi", alltoall, f16, "sum") is None
+    assert "AVG" in reason("mpi", allreduce, f32, "avg")
+    assert "AVG" in reason("gloo", allreduce, i32, "avg")
+    assert "AVG" in reason("gloo", reduce_scatter, i32, "avg")
+    assert reason("gloo", reduce_scatter, f32, "avg") is None
+    assert "torch" in reason("gloo", allreduce, f32, "sum", torch_found=False)
+    for system in options.SYSTEMS:
+        for name in POINT_TO_POINT:
+            assert reason(system, collectives[name], f32, "sum", world_size=1) == "needs at least 2 ranks"
+            assert reason(system, collectives[name], f32, "sum") is None
+    monkeypatch.delattr(ringtree, "irecv")
+    assert reason("ringtree", collectives["sendrecv"], f32, "sum") == "this ringtree has no ringtree.irecv"
 
 
 # --- rows and tables ---------------------------------------------------------------------
@@ -186,6 +241,19 @@ def test_median_timing_takes_the_slowest_rank_per_operation():
     assert "median over the timed iterations of the slowest rank" in header[1]
 
 
+def test_pingpong_time_is_half_the_round_trip():
+    pingpong = options.COLLECTIVES["pingpong"]
+    # Rank 2 takes no part: its operation returns at once.
+    averages = [[[16e-6], 0], [[12e-6], 0], [[0.0], None]]
+    row = report.make_row(pingpong, "float", "sum", 0, 3, 1000, 250, averages)
+    assert row["time_us"] == pytest.approx(8.0)  # the slowest rank's average round trip, halved
+    assert row["algbw"] == row["busbw"] == pytest.approx(1000 / 8e-6 / 1e9)
+    per_operation = [[[10e-6, 30e-6], 0], [[12e-6, 20e-6], 0], [[0.0, 0.0], None]]
+    median = report.make_row(pingpong, "float", "sum", 0, 3, 1000, 250, per_operation, timing="median")
+    assert median["time_us"] == pytest.approx(10.5)  # median of 12 and 30 us, halved
+    assert "divided by the 2 transfers of one call" in report.format_header("mpi", pingpong, 2, {}, 1)[1]
+
+
 def test_barrier_row_is_time_only():
     row = report.make_row(
         options.COLLECTIVES["barrier"], "float", "sum", 0, 2, 0, 0, [[[5e-6], None], [[7e-6], None]]
@@ -199,13 +267,25 @@ def test_header_columns_line_up_with_rows():
     header = report.format_header(
         "ringtree", collective, 4, {"version": "ringtree 0.1.0", "buffers": "torch"}, 3
     )
-    assert "4 ranks, in-place only" in header[0]
+    assert "4 ranks, in-place (" in header[0]
     assert "median of 3 runs" in header[1] and "busbw = algbw x 1.5" in header[1]
+    assert header[-3].rstrip().endswith(" in-place")
     titles = header[-2]
     row = report.format_row(report.make_row(collective, "float", "sum", 0, 4, 8, 2, [[[12.34e-6], 0]]))
     for column in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"):
         end = titles.index(column) + len(column)
         assert row[end - 1] != " " and (end == len(row) or row[end] == " "), column
+
+
+def test_split_collective_header_and_row():
+    allgather = options.COLLECTIVES["allgather"]
+    header = report.format_header("ringtree", allgather, 4, {}, 1)
+    assert "4 ranks, out-of-place" in header[0] and "busbw = algbw x 0.75" in header[1]
+    assert header[-3].rstrip().endswith(" out-of-place")
+    # S = 4096 B of float over 4 ranks: the count column shows one rank's 256 elements.
+    row = report.make_row(allgather, "float", "sum", 0, 4, 4096, 256, [[[2e-6], 0]] * 4)
+    expected = ["4096", "256", "float", "none", "-1", "2.00", "2.05", "1.54", "0"]
+    assert report.format_row(row).split() == expected
 
 
 def test_footer():
@@ -357,6 +437,87 @@ def test_reduce_checks_the_root_only():
     assert data.count_wrong(buffers[2], plans[2], 1000) == 1
 
 
+def _simulate_out_of_place(
+    name: str, dtype_name: str, op: str, world_size: int, part: int, largest_part: int, misroute: bool = False
+):
+    """Plans of every rank, made for parts of ``largest_part`` elements, and every rank's
+    output after ``name`` on parts of ``part`` elements, from outputs that start unwritten.
+    Reductions are computed in the element type in a scrambled rank order. ``misroute``:
+    data goes to the wrong place (a rank's own part, the wrong neighbour)."""
+    collective, dtype = options.COLLECTIVES[name], options.DTYPES[dtype_name]
+    n = world_size
+    input_parts, output_parts = collective.buffer_parts(n)
+    count = largest_part * collective.parts(n)
+    plans = [data.make_plan(collective, dtype, op, 0, r, n, count) for r in range(n)]
+    inputs = [data.NumpyBuffer(dtype, input_parts * largest_part) for _ in range(n)]
+    outputs = [data.NumpyBuffer(dtype, output_parts * largest_part) for _ in range(n)]
+    for plan, buffer, output in zip(plans, inputs, outputs):
+        buffer.write(plan, part)
+        output.fill(data.unwritten_value(dtype), output_parts * part)
+    ins = [b.array[: input_parts * part].reshape(input_parts, part) for b in inputs]
+    outs = [b.array[: output_parts * part].reshape(output_parts, part) for b in outputs]
+    source_of = (lambda r: r) if misroute else (lambda r: (r - 1) % n)
+    for r in range(n):
+        if name == "allgather":
+            outs[r][:] = [ins[r if misroute else s][0] for s in range(n)]
+        elif name == "alltoall":
+            outs[r][:] = [ins[s][s if misroute else r] for s in range(n)]
+        elif name == "sendrecv":
+            outs[r][0] = ins[source_of(r)][0]
+        elif name == "reduce_scatter":
+            order = [(s + 1) % n for s in reversed(range(n))]
+            result = ins[order[0]][r].copy()
+            for s in order[1:]:
+                block = ins[s][(r + 1) % n if misroute else r]
+                result = _NUMPY_REDUCE[op](result, block).astype(result.dtype)
+            if op == "avg":
+                result = (result / n).astype(result.dtype)
+            outs[r][0] = result
+    if name == "pingpong":
+        outs[1][0] = ins[0][0]
+        outs[0][0] = ins[1][0] if misroute else outs[1][0]
+    return plans, outputs
+
+
+@pytest.mark.parametrize("name", SPLIT + POINT_TO_POINT)
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize("part", [700, 333])
+def test_out_of_place_data(name, world_size, part):
+    checked = range(2) if name == "pingpong" else range(world_size)
+    output_parts = options.COLLECTIVES[name].buffer_parts(world_size)[1]
+    plans, outputs = _simulate_out_of_place(name, "float32", "sum", world_size, part, 700)
+    assert [data.count_wrong(o, p, part) for o, p in zip(outputs, plans)] == [0] * world_size
+    for rank in checked:
+        outputs[rank].array[part - 1] += 1
+        assert data.count_wrong(outputs[rank], plans[rank], part) == 1
+    assert all(plans[rank].expected is None for rank in range(2, world_size) if name == "pingpong")
+    plans, outputs = _simulate_out_of_place(name, "float32", "sum", world_size, part, 700, misroute=True)
+    assert sum(data.count_wrong(o, p, part) for o, p in zip(outputs, plans)) > part // 2
+    unwritten = data.NumpyBuffer(options.DTYPES["float32"], output_parts * part)
+    unwritten.fill(data.unwritten_value(options.DTYPES["float32"]), output_parts * part)
+    for rank in checked:
+        assert data.count_wrong(unwritten, plans[rank], part) == output_parts * part
+
+
+_REDUCE_SCATTER_CASES = [
+    (dtype_name, op)
+    for dtype_name in ("float16", "float32", "int8", "uint8", "int64")
+    for op in ("sum", "prod", "min", "max", "avg", "bxor")
+    if not (op == "bxor" and options.DTYPES[dtype_name].is_float)
+]
+
+
+@pytest.mark.parametrize(("dtype_name", "op"), _REDUCE_SCATTER_CASES)
+@pytest.mark.parametrize("world_size", [2, 3, 7])
+def test_reduce_scatter_data_is_exact(dtype_name, op, world_size):
+    plans, outputs = _simulate_out_of_place("reduce_scatter", dtype_name, op, world_size, 500, 600)
+    assert [data.count_wrong(o, p, 500) for o, p in zip(outputs, plans)] == [0] * world_size
+    dtype = options.DTYPES[dtype_name]
+    unwritten = data.NumpyBuffer(dtype, 500)
+    unwritten.fill(data.unwritten_value(dtype), 500)
+    assert data.count_wrong(unwritten, plans[0], 500) == 500
+
+
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 def test_torch_buffer_bfloat16():
     import torch
@@ -388,18 +549,26 @@ def test_imports_stay_light():
 # --- end to end ---------------------------------------------------------------------------
 
 
-def _check_json(path, system: str, collectives: list[str]) -> dict:
+def _check_json(
+    path, system: str, collectives: list[str], world_size: int = 2, maxbytes: int = 64 << 10
+) -> dict:
+    """The -J document, after checking that ``system`` ran every collective at every size
+    of the sweep from 8 B (float32) with no wrong element."""
     document = json.loads(path.read_text())
     result = document["systems"][system]
     assert result["status"] == "ok", result["notes"]
     rows = result["rows"]
     for name in collectives:
+        collective = options.COLLECTIVES[name]
         mine = [r for r in rows if r["collective"] == name]
-        expected_sizes = [0] if name == "barrier" else [8 << i for i in range(14)]
-        assert [r["size"] for r in mine] == expected_sizes, name
-        assert all(r["time_us"] > 0 for r in mine)
-        if name != "barrier":
+        if name == "barrier":
+            assert [r["size"] for r in mine] == [0]
+        else:
+            parts = collective.parts(world_size)
+            sweep = options.size_sweep(8, maxbytes, 2, 4, parts)
+            assert [(r["size"], r["count"]) for r in mine] == [(b, n // parts) for b, n in sweep], name
             assert all(r["wrong"] == 0 for r in mine), name
+        assert all(r["time_us"] > 0 for r in mine)
     return document
 
 
@@ -418,8 +587,30 @@ def test_end_to_end(system, tmp_path):
     proc = _bench(*ALL, "--nproc", "2", "--system", system, "--timing", timing, *SMALL, "-J", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("# Out of bounds values : 0 OK") == 3
-    assert f"# {system} allreduce, 2 ranks, in-place only" in proc.stdout
+    assert f"# {system} allreduce, 2 ranks, in-place (" in proc.stdout
     _check_json(out, system, ALL)
+
+
+@pytest.mark.skipif(not RINGTREE_READY, reason="ringtree not built")
+@pytest.mark.parametrize(("world_size", "maxbytes"), [(2, 16 << 10), (3, 1 << 10)])
+def test_split_and_point_to_point_end_to_end(world_size, maxbytes, tmp_path):
+    # At 3 ranks the neighbours of sendrecv differ and alltoall's blocks all go elsewhere;
+    # gloo runs the same calls as ringtree (one adapter), so it is compared at 2 ranks only.
+    out = tmp_path / "bench.json"
+    candidates = (("gloo", HAVE_TORCH and world_size == 2), ("mpi", HAVE_MPI))
+    others = [name for name, present in candidates if present]
+    argv = [*SPLIT, *POINT_TO_POINT, "--nproc", str(world_size), *SMALL, "-e", str(maxbytes), "-J", str(out)]
+    # Up to three launches one after the other, each bounded by SMALL's --timeout 40.
+    proc = _bench(*argv, *(["--compare", ",".join(others)] if others else []), timeout=3 * E2E_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("# Out of bounds values : 0 OK") == 5 * (1 + len(others))
+    assert f"# ringtree alltoall, {world_size} ranks, out-of-place (" in proc.stdout
+    for system in ["ringtree", *others]:
+        _check_json(out, system, SPLIT + POINT_TO_POINT, world_size, maxbytes)
+    if others:
+        comparisons = json.loads(out.read_text())["comparison"]
+        assert [c["collective"] for c in comparisons] == SPLIT + POINT_TO_POINT
+        assert f"# pingpong comparison, {world_size} ranks, out-of-place" in proc.stdout
 
 
 @pytest.mark.skipif(not (HAVE_TORCH and HAVE_MPI), reason="needs torch and MPI")

@@ -63,7 +63,10 @@ def _runnable(system: str, args: argparse.Namespace) -> str | None:
     if reason is not None:
         return reason
     torch_found = have_torch()
-    reasons = [unsupported_reason(system, c, args.datatype, args.op, torch_found) for c in args.collectives]
+    reasons = [
+        unsupported_reason(system, c, args.datatype, args.op, args.nproc, torch_found)
+        for c in args.collectives
+    ]
     if all(reasons):
         return "; ".join(dict.fromkeys(reasons))
     return None
@@ -141,8 +144,7 @@ def _orchestrate(args: argparse.Namespace) -> int:
     _print(
         [
             report.settings_line(args),
-            f"# ranks: {args.nproc} per system, systems: {', '.join(systems)}, "
-            f"repeat: {args.repeat}, in-place only",
+            f"# ranks: {args.nproc} per system, systems: {', '.join(systems)}, repeat: {args.repeat}",
         ]
     )
     active, skipped = [], {}

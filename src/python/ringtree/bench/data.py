@@ -1,18 +1,29 @@
 """Benchmark buffers and verifiable data (nccl-tests' ``-c``).
 
-Every rank fills its buffer with small non-negative integers derived from (rank, index)
+Every rank fills its input with small non-negative integers derived from (rank, index)
 by a multiplicative hash, chosen so that the result of the collective is exact in the
 element type whatever the reduction order: sums stay below the type's largest exact
-integer, products are powers of two. A :class:`Plan` holds, for the largest size of a
-sweep, what this rank writes and what it must read back; every size of the sweep uses a
-prefix of it, since the values depend on the index only. Verification compares exactly,
-except float ``avg`` (2 ulp, as nccl-tests) and integer ``avg`` (either neighbour of the
-exact quotient, so truncating and rounding implementations both pass).
+integer, products are powers of two. Collectives that only move data use the same hash
+per stream: a rank's own data (allgather, sendrecv, pingpong) or one (sender, receiver)
+pair's (alltoall).
+
+A buffer is a row of parts (see :meth:`Collective.buffer_parts`): one for most
+collectives, one per rank for allgather, reduce_scatter and alltoall. A :class:`Plan`
+holds, for the largest size of a sweep, what this rank writes into each part of its input
+and what each part of its output must hold; every size uses the first elements of each
+part, since the values depend on the index only. Verification compares exactly, except
+float ``avg`` (2 ulp, as nccl-tests) and integer ``avg`` (either neighbour of the exact
+quotient, so truncating and rounding implementations both pass). Before a checked
+operation an output that is not also the input is filled with :func:`unwritten_value`,
+which no correct result holds, so an element the collective never wrote counts as wrong.
 
 Buffers are torch CPU tensors (:class:`TorchBuffer`) or NumPy arrays
 (:class:`NumpyBuffer`), allocated once at the largest size and written through, so their
-pages are faulted in before anything is timed. This module imports NumPy; torch only
-when a torch buffer is made.
+pages are faulted in before anything is timed. Both kinds take their memory from NumPy
+(a torch buffer is a view of a NumPy array), so every system moves data between memory
+of the same kind: NumPy asks the kernel for transparent huge pages on large arrays and
+torch's allocator does not, which alone changes large-message bandwidth by 2x and more.
+This module imports NumPy; torch only when a torch buffer is made.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import numpy as np
 
 from .options import Collective, DType
 
-__all__ = ["NumpyBuffer", "Plan", "TorchBuffer", "count_wrong", "make_plan"]
+__all__ = ["NumpyBuffer", "Plan", "TorchBuffer", "count_wrong", "make_plan", "unwritten_value"]
 
 # Elements processed at once while generating and verifying (bounds temporary memory).
 CHUNK = 1 << 20
@@ -59,9 +70,11 @@ def sum_bits(dtype: DType, world_size: int) -> int:
 class Plan:
     """What one rank writes before a checked operation and what it must hold after it.
 
-    ``source`` (uint8 values) or ``constant`` is written; ``expected`` (float32, exact
-    integers) is None when this rank's result is not checked (non-root ranks of reduce).
-    The result must equal ``expected / divisor``: exactly when ``rtol`` is 0 and not
+    ``source`` (uint8 values, one row per part of the input) is written into the input;
+    when it is None the input is one part filled with ``constant``. ``expected`` (float32,
+    exact integers, one row per part of the output) is None when this rank's result is not
+    checked (non-root ranks of reduce, ranks other than 0 and 1 of pingpong). The result
+    must equal ``expected / divisor``: exactly when ``rtol`` is 0 and not
     ``integer_quotient``, within ``rtol`` relative when ``rtol`` > 0, within 1 (exclusive)
     when ``integer_quotient``.
     """
@@ -101,35 +114,41 @@ _FOLDS = {
 }
 
 
-def make_plan(
+def _stream_rows(streams: list[int], length: int) -> np.ndarray:
+    """One row of ``length`` pattern values (PATTERN_BITS) per stream, uint8."""
+    rows = np.empty((len(streams), length), dtype=np.uint8)
+    for row, stream in zip(rows, streams):
+        for start in range(0, length, CHUNK):
+            stop = min(length, start + CHUNK)
+            row[start:stop] = pattern(stream, start, stop, PATTERN_BITS)
+    return rows
+
+
+def _reduction_plan(
     collective: Collective, dtype: DType, op: str, root: int, rank: int, world_size: int, count: int
 ) -> Plan:
-    """The plan of ``rank`` for ``collective`` on up to ``count`` elements."""
-    if collective.name == "broadcast":
-        source = np.empty(count, dtype=np.uint8)
-        for start in range(0, count, CHUNK):
-            stop = min(count, start + CHUNK)
-            source[start:stop] = pattern(root, start, stop, PATTERN_BITS)
-        # Non-root ranks start from a value the root never sends.
-        constant = (1 << PATTERN_BITS) + 1
-        return Plan(source if rank == root else None, constant, source.astype(np.float32))
-    if collective.name not in ("allreduce", "reduce"):
-        raise ValueError(f"no verifiable data for {collective.name}")
+    """allreduce, reduce and reduce_scatter: each rank's input is its values over the whole
+    array; the output is their fold over every rank, all of it (allreduce, and reduce at
+    the root) or the rank's own part (reduce_scatter)."""
     values = _values(op, dtype, world_size)
-    checked = collective.name == "allreduce" or rank == root
+    parts = collective.parts(world_size)
+    part = count // parts
     source = np.empty(count, dtype=np.uint8)
-    expected = np.empty(count, dtype=np.float32) if checked else None
-    fold = _FOLDS[op]
     for start in range(0, count, CHUNK):
         stop = min(count, start + CHUNK)
         source[start:stop] = values(rank, start, stop)
-        if expected is None:
-            continue
-        acc = values(0, start, stop).astype(np.int64)
-        for other in range(1, world_size):
-            fold(acc, values(other, start, stop), out=acc)
-        expected[start:stop] = acc
-    plan = Plan(source, 0, expected)
+    expected = None
+    if collective.name != "reduce" or rank == root:
+        first = rank * part if parts > 1 else 0
+        expected = np.empty((1, part), dtype=np.float32)
+        fold = _FOLDS[op]
+        for start in range(first, first + part, CHUNK):
+            stop = min(first + part, start + CHUNK)
+            acc = values(0, start, stop).astype(np.int64)
+            for other in range(1, world_size):
+                fold(acc, values(other, start, stop), out=acc)
+            expected[0, start - first : stop - first] = acc
+    plan = Plan(source.reshape(parts, part), 0, expected)
     if op == "avg":
         plan.divisor = world_size
         plan.rtol = 2 * dtype.eps
@@ -137,26 +156,70 @@ def make_plan(
     return plan
 
 
-def count_wrong(buffer: NumpyBuffer | TorchBuffer, plan: Plan, count: int) -> int:
-    """Elements among the first ``count`` of ``buffer`` that differ from the plan's
-    expectation (0 when this rank checks nothing). NaN is always wrong."""
+def make_plan(
+    collective: Collective, dtype: DType, op: str, root: int, rank: int, world_size: int, count: int
+) -> Plan:
+    """The plan of ``rank`` for ``collective`` on up to ``count`` elements (the whole array
+    S: a multiple of the world size for a collective split by rank)."""
+    name, n = collective.name, world_size
+    part = count // collective.parts(n)
+    if name in ("allreduce", "reduce", "reduce_scatter"):
+        return _reduction_plan(collective, dtype, op, root, rank, n, count)
+    if name == "broadcast":
+        source = _stream_rows([root], count)
+        # Non-root ranks start from a value the root never sends.
+        constant = (1 << PATTERN_BITS) + 1
+        return Plan(source if rank == root else None, constant, source.astype(np.float32))
+    if name == "allgather":
+        return Plan(_stream_rows([rank], part), 0, _stream_rows(list(range(n)), part).astype(np.float32))
+    if name == "alltoall":
+        # Stream sender * n + receiver: every (sender, receiver) pair sends its own data.
+        source = _stream_rows([rank * n + peer for peer in range(n)], part)
+        expected = _stream_rows([peer * n + rank for peer in range(n)], part)
+        return Plan(source, 0, expected.astype(np.float32))
+    if name == "sendrecv":
+        return Plan(_stream_rows([rank], count), 0, _stream_rows([(rank - 1) % n], count).astype(np.float32))
+    if name == "pingpong":
+        # Rank 0's data goes to rank 1 and back; rank 1 sends what it received.
+        expected = _stream_rows([0], count).astype(np.float32) if rank in (0, 1) else None
+        return Plan(_stream_rows([0], count) if rank == 0 else None, 0, expected)
+    raise ValueError(f"no verifiable data for {name}")
+
+
+def unwritten_value(dtype: DType) -> int:
+    """What an output is filled with before a checked operation: -1 (255 for uint8, above
+    its ``exact_max``), which no correct result holds."""
+    return 255 if dtype.name == "uint8" else -1
+
+
+def count_wrong(buffer: NumpyBuffer | TorchBuffer, plan: Plan, part: int) -> int:
+    """Elements of ``buffer`` that differ from the plan's expectation, the buffer being
+    the plan's rows of ``part`` elements one after the other (0 when this rank checks
+    nothing). NaN is always wrong."""
     if plan.expected is None:
         return 0
     wrong = 0
-    for start in range(0, count, CHUNK):
-        stop = min(count, start + CHUNK)
-        got = buffer.read(start, stop)
-        want = plan.expected[start:stop].astype(np.float64)
-        if plan.divisor != 1:
-            want /= plan.divisor
-        if plan.integer_quotient:
-            good = np.abs(got - want) < 1
-        elif plan.rtol:
-            good = np.abs(got - want) <= plan.rtol * np.abs(want)
-        else:
-            good = got == want
-        wrong += (stop - start) - int(np.count_nonzero(good))
+    for row, expected in enumerate(plan.expected):
+        for start in range(0, part, CHUNK):
+            stop = min(part, start + CHUNK)
+            got = buffer.read(row * part + start, row * part + stop)
+            want = expected[start:stop].astype(np.float64)
+            if plan.divisor != 1:
+                want /= plan.divisor
+            if plan.integer_quotient:
+                good = np.abs(got - want) < 1
+            elif plan.rtol:
+                good = np.abs(got - want) <= plan.rtol * np.abs(want)
+            else:
+                good = got == want
+            wrong += (stop - start) - int(np.count_nonzero(good))
     return wrong
+
+
+def _ones(numpy_dtype: str, count: int) -> np.ndarray:
+    """``count`` elements set to 1, in memory from NumPy's allocator (see the module's
+    docstring)."""
+    return np.ones(count, dtype=np.dtype(numpy_dtype))
 
 
 class NumpyBuffer:
@@ -167,18 +230,23 @@ class NumpyBuffer:
     def __init__(self, dtype: DType, count: int) -> None:
         if dtype.name == "bfloat16":
             raise ValueError("NumPy has no bfloat16; this system needs torch for it")
-        self.array = np.ones(count, dtype=np.dtype(dtype.name))
+        self.array = _ones(dtype.name, count)
 
     def view(self, count: int) -> np.ndarray:
         """The first ``count`` elements (no copy)."""
         return self.array[:count]
 
-    def write(self, plan: Plan, count: int) -> None:
-        """Write the plan's input into the first ``count`` elements."""
+    def write(self, plan: Plan, part: int) -> None:
+        """Write the plan's input, parts of ``part`` elements, at the start."""
         if plan.source is None:
-            self.array[:count] = plan.constant
+            self.fill(plan.constant, part)
         else:
-            self.array[:count] = plan.source[:count]
+            rows = len(plan.source)
+            self.array[: rows * part].reshape(rows, part)[:] = plan.source[:, :part]
+
+    def fill(self, value: int, count: int) -> None:
+        """Set the first ``count`` elements to ``value``."""
+        self.array[:count] = value
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Elements start..stop-1 as float64."""
@@ -186,7 +254,8 @@ class NumpyBuffer:
 
 
 class TorchBuffer:
-    """A torch CPU tensor of ``count`` elements, filled with ones."""
+    """A torch CPU tensor of ``count`` elements, filled with ones: a view of a NumPy array
+    (of uint16 reinterpreted as bfloat16, which NumPy lacks)."""
 
     kind = "torch"
 
@@ -194,18 +263,27 @@ class TorchBuffer:
         import torch
 
         self._torch = torch
-        self.tensor = torch.ones(count, dtype=getattr(torch, dtype.name))
+        if dtype.name == "bfloat16":
+            self.tensor = torch.from_numpy(_ones("uint16", count)).view(torch.bfloat16).fill_(1)
+        else:
+            self.tensor = torch.from_numpy(_ones(dtype.name, count))
 
     def view(self, count: int):  # noqa: ANN201 - a torch.Tensor
         """The first ``count`` elements (no copy)."""
         return self.tensor[:count]
 
-    def write(self, plan: Plan, count: int) -> None:
-        """Write the plan's input into the first ``count`` elements."""
+    def write(self, plan: Plan, part: int) -> None:
+        """Write the plan's input, parts of ``part`` elements, at the start."""
         if plan.source is None:
-            self.tensor[:count].fill_(plan.constant)
+            self.fill(plan.constant, part)
         else:
-            self.tensor[:count].copy_(self._torch.from_numpy(plan.source[:count]))
+            rows = len(plan.source)
+            source = self._torch.from_numpy(plan.source[:, :part])
+            self.tensor[: rows * part].view(rows, part).copy_(source)
+
+    def fill(self, value: int, count: int) -> None:
+        """Set the first ``count`` elements to ``value``."""
+        self.tensor[:count].fill_(value)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Elements start..stop-1 as float64."""

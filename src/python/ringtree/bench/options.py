@@ -38,28 +38,63 @@ _BITWISE = ("band", "bor", "bxor")
 class Collective:
     """One benchmarked collective.
 
-    ``method`` is the torch.distributed function name (``all_reduce``), which is also the
-    operation the system adapters of :mod:`ringtree.bench.systems` implement.
-    ``busbw_factor(n)`` turns algbw into busbw at ``n`` ranks (nccl-tests' factors); it is
-    None for a collective without a payload, whose table shows time only. Sizes are the
-    bytes of the whole array (nccl-tests' S: for all_gather, reduce_scatter and alltoall the
-    concatenation of every rank's part, factor (n-1)/n; for sendrecv, factor 1).
+    ``functions`` are the torch.distributed functions the ringtree and gloo adapters of
+    :mod:`ringtree.bench.systems` call for it; ``aliases`` are other names accepted on the
+    command line (torch's spelling). ``busbw_factor(n)`` turns algbw into busbw at ``n``
+    ranks (nccl-tests' factors); it is None for a collective without a payload, whose table
+    shows time only.
+
+    Sizes are nccl-tests' S, the bytes of the whole array. ``layout`` says how each rank's
+    buffers relate to it:
+
+    - ``in_place``: one buffer of S, input and output (allreduce, broadcast, reduce);
+    - ``copy``: an input and an output of S each (sendrecv, pingpong);
+    - ``gather``: the input is one rank's part, S / n; the output all n parts (allgather);
+    - ``scatter``: the input is all n parts, the output one part (reduce_scatter);
+    - ``exchange``: input and output are n parts each, one per peer (alltoall).
+
+    For the last three the element count of S is a multiple of n, and the ``count`` column
+    shows one part (nccl-tests' convention). ``transfers_per_call``: transfers of S one
+    call makes one after the other; the row's time is per transfer (pingpong: 2, so time
+    is half the round trip). ``min_ranks``: fewer ranks cannot run it.
     """
 
     name: str
-    method: str
+    functions: tuple[str, ...]
     busbw_factor: Callable[[int], float] | None
     uses_redop: bool
     uses_root: bool
+    layout: str = "in_place"
+    aliases: tuple[str, ...] = ()
+    transfers_per_call: int = 1
+    min_ranks: int = 1
 
     @property
     def has_data(self) -> bool:
         """Whether the collective moves a buffer (and so sweeps sizes and can be checked)."""
         return self.busbw_factor is not None
 
+    @property
+    def in_place(self) -> bool:
+        """Whether the output overwrites the input (else a second buffer holds it)."""
+        return self.layout == "in_place"
+
+    def parts(self, world_size: int) -> int:
+        """How many equal parts S is made of: ``world_size`` when split by rank, else 1."""
+        return world_size if self.layout in ("gather", "scatter", "exchange") else 1
+
+    def buffer_parts(self, world_size: int) -> tuple[int, int]:
+        """(input, output) of one rank, in parts of S (see :meth:`parts`)."""
+        n = world_size
+        return {"gather": (1, n), "scatter": (n, 1), "exchange": (n, n)}.get(self.layout, (1, 1))
+
 
 def _allreduce_factor(world_size: int) -> float:
     return 2.0 * (world_size - 1) / world_size
+
+
+def _all_but_own_part_factor(world_size: int) -> float:
+    return (world_size - 1) / world_size
 
 
 def _unit_factor(world_size: int) -> float:
@@ -69,21 +104,75 @@ def _unit_factor(world_size: int) -> float:
 COLLECTIVES = {
     c.name: c
     for c in (
-        Collective("allreduce", "all_reduce", _allreduce_factor, uses_redop=True, uses_root=False),
-        Collective("broadcast", "broadcast", _unit_factor, uses_redop=False, uses_root=True),
-        Collective("reduce", "reduce", _unit_factor, uses_redop=True, uses_root=True),
-        Collective("barrier", "barrier", None, uses_redop=False, uses_root=False),
+        Collective(
+            "allreduce",
+            ("all_reduce",),
+            _allreduce_factor,
+            uses_redop=True,
+            uses_root=False,
+            aliases=("all_reduce",),
+        ),
+        Collective("broadcast", ("broadcast",), _unit_factor, uses_redop=False, uses_root=True),
+        Collective("reduce", ("reduce",), _unit_factor, uses_redop=True, uses_root=True),
+        Collective("barrier", ("barrier",), None, uses_redop=False, uses_root=False),
+        Collective(
+            "allgather",
+            ("all_gather_single",),
+            _all_but_own_part_factor,
+            uses_redop=False,
+            uses_root=False,
+            layout="gather",
+            aliases=("all_gather", "all_gather_single", "all_gather_into_tensor"),
+        ),
+        Collective(
+            "reduce_scatter",
+            ("reduce_scatter_single",),
+            _all_but_own_part_factor,
+            uses_redop=True,
+            uses_root=False,
+            layout="scatter",
+            aliases=("reducescatter", "reduce_scatter_single", "reduce_scatter_tensor"),
+        ),
+        Collective(
+            "alltoall",
+            ("all_to_all_single",),
+            _all_but_own_part_factor,
+            uses_redop=False,
+            uses_root=False,
+            layout="exchange",
+            aliases=("all_to_all", "all_to_all_single"),
+        ),
+        Collective(
+            "sendrecv",
+            ("isend", "irecv"),
+            _unit_factor,
+            uses_redop=False,
+            uses_root=False,
+            layout="copy",
+            min_ranks=2,
+        ),
+        Collective(
+            "pingpong",
+            ("send", "recv"),
+            _unit_factor,
+            uses_redop=False,
+            uses_root=False,
+            layout="copy",
+            transfers_per_call=2,
+            min_ranks=2,
+        ),
     )
 }
-# torch.distributed's spelling of each collective, accepted on the command line.
-_COLLECTIVE_ALIASES = {c.method: name for name, c in COLLECTIVES.items()}
+# Other spellings accepted on the command line.
+_COLLECTIVE_ALIASES = {alias: name for name, c in COLLECTIVES.items() for alias in c.aliases}
 
 
 @dataclasses.dataclass(frozen=True)
 class DType:
     """An element type. ``name`` is torch's (``torch.float32``), ``label`` what nccl-tests
     prints in its ``type`` column. ``exact_max``: every integer in [0, exact_max] is
-    representable (verification data stays below it); ``pow2_max``: the largest k with 2**k
+    representable (verification data and results stay within it; uint8's stops at 254, so
+    that 255 marks an element a collective did not write); ``pow2_max``: the largest k with 2**k
     representable; ``eps``: the unit roundoff (0 for integers)."""
 
     name: str
@@ -103,7 +192,7 @@ DTYPES = {
         DType("bfloat16", "bfloat16", 2, True, 2**8, 127, 2.0**-7),
         DType("float64", "double", 8, True, 2**53, 1023, 2.0**-52),
         DType("int8", "int8", 1, False, 2**7 - 1, 6, 0.0),
-        DType("uint8", "uint8", 1, False, 2**8 - 1, 7, 0.0),
+        DType("uint8", "uint8", 1, False, 2**8 - 2, 7, 0.0),
         DType("int32", "int32", 4, False, 2**31 - 1, 30, 0.0),
         DType("int64", "int64", 8, False, 2**53, 62, 0.0),
     )
@@ -137,16 +226,19 @@ def parse_size(text: str) -> int:
     return int(number) * _SIZE_UNITS[unit.lower() if unit else None]
 
 
-def size_sweep(minbytes: int, maxbytes: int, factor: int, itemsize: int) -> list[tuple[int, int]]:
+def size_sweep(
+    minbytes: int, maxbytes: int, factor: int, itemsize: int, parts: int = 1
+) -> list[tuple[int, int]]:
     """The (bytes, elements) pairs of a sweep: minbytes, minbytes*factor, ... up to maxbytes,
-    each rounded down to whole elements; sizes below one element are dropped and duplicates
-    removed."""
+    each rounded down to whole elements, and to a multiple of ``parts`` elements (a
+    collective whose S is split by rank, see :meth:`Collective.parts`); sizes that round
+    down to nothing are dropped and duplicates removed."""
     if minbytes < 1 or factor < 2:
         raise ValueError(f"need minbytes >= 1 and factor >= 2, got {minbytes} and {factor}")
     sweep: list[tuple[int, int]] = []
     size = minbytes
     while size <= maxbytes:
-        count = size // itemsize
+        count = size // itemsize // parts * parts
         if count and (not sweep or sweep[-1][1] != count):
             sweep.append((count * itemsize, count))
         size *= factor
@@ -221,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         "gloo backend and MPI (mpi4py). With --nproc N the command launches N local ranks per "
         "system itself; without it, it is one rank of a job started by ringtree-run, torchrun "
         "or mpirun.",
-        epilog="example: ringtree-bench allreduce broadcast barrier --nproc 4 -b 8 -e 64M "
-        "--compare gloo,mpi -c 1 --repeat 3",
+        epilog="example: ringtree-bench allreduce allgather reduce_scatter alltoall sendrecv --nproc 4 "
+        "-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3",
     )
     parser.add_argument(
         "collectives",
@@ -230,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_collectives_arg,
         metavar="COLLECTIVE",
         help=f"what to benchmark, in order: {', '.join(COLLECTIVES)} (torch names such as "
-        "all_reduce too; several as separate words or comma-separated; default allreduce)",
+        "all_reduce, all_gather, all_to_all too; several as separate words or comma-separated; "
+        "default allreduce). pingpong: rank 0 sends to rank 1, which sends it back; time is "
+        "half the round trip",
     )
     sizes = parser.add_argument_group("sizes and iterations")
     sizes.add_argument(

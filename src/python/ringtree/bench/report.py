@@ -3,7 +3,9 @@
 A row is a dict with nccl-tests' columns (``size count type redop root time_us algbw busbw
 wrong``) plus ``collective`` and, from a single run, ``rank_time_us`` (every rank's
 per-operation average). ``time_us`` is the largest of the ranks' averages (or, with
-``--timing median``, the median over operations of the slowest rank's time); algbw is
+``--timing median``, the median over operations of the slowest rank's time), per transfer
+(half a pingpong round trip); ``count`` is one rank's part for a collective split by rank
+(nccl-tests' convention, see :class:`~ringtree.bench.options.Collective`); algbw is
 size / time in decimal GB/s; busbw is algbw times the collective's factor; both are None
 for barrier. ``wrong`` is the number of wrong elements summed over ranks, None when
 nothing was checked. Standard library only (matplotlib is imported by :func:`plot`).
@@ -38,11 +40,14 @@ __all__ = [
     "write_json",
 ]
 
-_HEADER = (
-    "#                                                              in-place",
+_COLUMN_TITLES = (
     "#       size         count      type   redop    root     time   algbw   busbw #wrong",
     "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)",
 )
+
+
+def _placement(collective: Collective) -> str:
+    return "in-place" if collective.in_place else "out-of-place"
 
 
 def make_row(
@@ -60,9 +65,11 @@ def make_row(
 
     ``timing="avg"``: each rank's durations are one per-operation average, and the time is
     the largest over ranks (nccl-tests). ``timing="median"``: each rank's durations are one
-    per operation; the time is the median over operations of the largest over ranks.
+    per operation; the time is the median over operations of the largest over ranks. Either
+    is divided by the collective's ``transfers_per_call``.
     """
-    durations = [seconds for seconds, _ in per_rank]
+    transfers = collective.transfers_per_call
+    durations = [[seconds / transfers for seconds in mine] for mine, _ in per_rank]
     wrongs = [wrong for _, wrong in per_rank if wrong is not None]
     rank_us = [statistics.fmean(mine) * 1e6 for mine in durations]
     if timing == "median":
@@ -156,6 +163,8 @@ def format_header(
         timing_text = "time = median over the timed iterations of the slowest rank's time"
     else:
         timing_text = "time = per-rank average over the timed iterations, max over ranks"
+    if collective.transfers_per_call > 1:
+        timing_text += f", divided by the {collective.transfers_per_call} transfers of one call"
     if runs > 1:
         timing_text += f", median of {runs} runs"
     if collective.busbw_factor is None:
@@ -164,10 +173,11 @@ def format_header(
         factor = collective.busbw_factor(world_size)
         bandwidth = f"algbw = size/time (GB/s = 1e9 B/s); busbw = algbw x {factor:.3g}"
     return [
-        f"# {system} {collective.name}, {world_size} ranks, in-place only ({'; '.join(details)})",
+        f"# {system} {collective.name}, {world_size} ranks, {_placement(collective)} ({'; '.join(details)})",
         f"# {timing_text}; {bandwidth}",
         "#",
-        *_HEADER,
+        f"#{_placement(collective):>70s}",
+        *_COLUMN_TITLES,
     ]
 
 
@@ -226,9 +236,10 @@ def comparison_table(
     others = [name for name, _ in results[1:]]
     ratio_titles = [f"{primary}/{other}" for other in others]
     ratio_width = max([10, *(len(t) + 2 for t in ratio_titles)])
+    title = f"# {collective.name} comparison, {world_size} ranks, {_placement(collective)}"
     lines = [
-        f"# {collective.name} comparison, {world_size} ranks, in-place: busbw in GB/s, time in us; "
-        f"{primary}/X = X time / {primary} time (= busbw ratio; > 1: {primary} faster)",
+        f"{title}: busbw in GB/s, time in us; {primary}/X = X time / {primary} time (= busbw ratio; > 1: "
+        f"{primary} faster)",
         "#"
         + " " * 11
         + "".join(f"{name:>22s}" for name, _ in results)
@@ -280,7 +291,7 @@ def settings_dict(args: argparse.Namespace) -> dict[str, Any]:
         "repeat": args.repeat,
         "algo": args.algo,
         "transport": args.transport,
-        "in_place": True,
+        "in_place": {c.name: c.in_place for c in args.collectives},
         "timing": args.timing,
     }
 

@@ -2,18 +2,27 @@
 the timed operation, and gathering per-rank results to rank 0.
 
 Every adapter offers the same small surface: ``rank``, ``world_size``, ``new_buffer``,
-``operation(collective, buffer_view, op, root)`` (a zero-argument callable doing one
-blocking, in-place collective, so that the timed loop costs the same for every system),
-``barrier``, ``gather`` (rank 0 gets a list by rank, the others None), ``describe`` and
-``close``. Adding a collective means adding its branch to each ``operation``.
+``operation(collective, send_buf, recv_buf, op, root)`` (a zero-argument callable doing
+one blocking call of the collective, so that the timed loop costs the same for every
+system; ``send_buf is recv_buf`` for an in-place collective), ``barrier``, ``gather``
+(rank 0 gets a list by rank, the others None), ``describe`` and ``close``. Adding a
+collective means adding its branch to :func:`_torch_style_operation` and to
+``MpiSystem.operation``.
 
 - ringtree: ``ringtree.init_process_group()`` (env://, as set up by ringtree-run), torch
   CPU tensors (NumPy arrays when torch is missing), results gathered through the group's
   store so that a wrong ringtree collective cannot corrupt the report.
 - gloo: torch's ``init_process_group("gloo")``, through the orchestrator's TCPStore when
   ``RINGTREE_BENCH_STORE=host:port`` is set (env:// otherwise, e.g. under torchrun).
+- ringtree and gloo run the same torch.distributed calls: ``all_reduce``, ``broadcast``,
+  ``reduce``, ``barrier`` in place; ``all_gather_single(out, in)``,
+  ``reduce_scatter_single(out, in, op)``, ``all_to_all_single(out, in)``; sendrecv as
+  ``isend`` to rank + 1 and ``irecv`` from rank - 1, then both waits; pingpong as
+  ``send`` then ``recv`` on rank 0, ``recv`` then ``send`` on rank 1.
 - mpi: mpi4py's ``COMM_WORLD`` with NumPy buffers: ``Allreduce(IN_PLACE)``, ``Bcast``,
-  ``Reduce(IN_PLACE at the root)``, ``Barrier``.
+  ``Reduce(IN_PLACE at the root)``, ``Barrier``, ``Allgather``, ``Reduce_scatter_block``,
+  ``Alltoall``, ``Sendrecv``, ``Send``/``Recv``; operations that reduce nothing move
+  bytes (``MPI.BYTE``), the same transfer for every element type.
 """
 
 from __future__ import annotations
@@ -33,10 +42,13 @@ STORE_ENV = "RINGTREE_BENCH_STORE"
 
 
 def unsupported_reason(
-    system: str, collective: Collective, dtype: DType, op: str, torch_found: bool
+    system: str, collective: Collective, dtype: DType, op: str, world_size: int, torch_found: bool
 ) -> str | None:
-    """Why ``system`` cannot run ``collective`` with ``dtype``/``op`` (None when it can)."""
+    """Why ``system`` cannot run ``collective`` with ``dtype``/``op`` on ``world_size``
+    ranks (None when it can)."""
     reduces = collective.uses_redop
+    if world_size < collective.min_ranks:
+        return f"needs at least {collective.min_ranks} ranks"
     if system == "mpi":
         if not collective.has_data:
             return None
@@ -54,8 +66,9 @@ def unsupported_reason(
     else:
         import ringtree
 
-        if not hasattr(ringtree, collective.method):
-            return f"this ringtree has no ringtree.{collective.method}"
+        missing = [name for name in collective.functions if not hasattr(ringtree, name)]
+        if missing:
+            return f"this ringtree has no {', '.join('ringtree.' + name for name in missing)}"
         if dtype.name == "bfloat16" and collective.has_data and not torch_found:
             return "bfloat16 buffers need torch"
     return None
@@ -64,6 +77,66 @@ def unsupported_reason(
 def have_torch() -> bool:
     """Whether torch is installed (looked up without importing it)."""
     return importlib.util.find_spec("torch") is not None
+
+
+def _torch_style_operation(
+    dist: Any,
+    rank: int,
+    world_size: int,
+    collective: Collective,
+    send_buf: Any,
+    recv_buf: Any,
+    op: Any,
+    root: int,
+) -> Callable[[], Any]:
+    """One blocking call of ``collective`` through ``dist``, ringtree or
+    torch.distributed (the same signatures)."""
+    name = collective.name
+    if name == "allreduce":
+        return lambda: dist.all_reduce(recv_buf, op=op)
+    if name == "broadcast":
+        return lambda: dist.broadcast(recv_buf, src=root)
+    if name == "reduce":
+        return lambda: dist.reduce(recv_buf, dst=root, op=op)
+    if name == "barrier":
+        return dist.barrier
+    if name == "allgather":
+        return lambda: dist.all_gather_single(recv_buf, send_buf)
+    if name == "reduce_scatter":
+        return lambda: dist.reduce_scatter_single(recv_buf, send_buf, op=op)
+    if name == "alltoall":
+        return lambda: dist.all_to_all_single(recv_buf, send_buf)
+    if name == "sendrecv":
+        to_rank, from_rank = (rank + 1) % world_size, (rank - 1) % world_size
+
+        def sendrecv() -> None:
+            sent = dist.isend(send_buf, to_rank)
+            received = dist.irecv(recv_buf, from_rank)
+            sent.wait()
+            received.wait()
+
+        return sendrecv
+    if name == "pingpong":
+        if rank == 0:
+
+            def ping() -> None:
+                dist.send(send_buf, 1)
+                dist.recv(recv_buf, 1)
+
+            return ping
+        if rank == 1:
+
+            def pong() -> None:
+                dist.recv(recv_buf, 0)
+                dist.send(recv_buf, 0)
+
+            return pong
+        return _idle
+    raise ValueError(f"no operation for {name}")
+
+
+def _idle() -> None:
+    """The operation of a rank that takes no part (pingpong beyond ranks 0 and 1)."""
 
 
 class RingtreeSystem:
@@ -100,17 +173,12 @@ class RingtreeSystem:
     def reduce_op(self, op: str) -> Any:
         return self._ops[op]
 
-    def operation(self, collective: Collective, buf: Any, op: Any, root: int) -> Callable[[], Any]:
-        rt = self._rt
-        if collective.name == "allreduce":
-            return lambda: rt.all_reduce(buf, op=op)
-        if collective.name == "broadcast":
-            return lambda: rt.broadcast(buf, src=root)
-        if collective.name == "reduce":
-            return lambda: rt.reduce(buf, dst=root, op=op)
-        if collective.name == "barrier":
-            return rt.barrier
-        raise ValueError(f"ringtree: no {collective.name}")
+    def operation(
+        self, collective: Collective, send_buf: Any, recv_buf: Any, op: Any, root: int
+    ) -> Callable[[], Any]:
+        return _torch_style_operation(
+            self._rt, self.rank, self.world_size, collective, send_buf, recv_buf, op, root
+        )
 
     def barrier(self) -> None:
         self._rt.barrier()
@@ -177,17 +245,12 @@ class GlooSystem:
     def reduce_op(self, op: str) -> Any:
         return self._ops[op]
 
-    def operation(self, collective: Collective, buf: Any, op: Any, root: int) -> Callable[[], Any]:
-        dist = self._dist
-        if collective.name == "allreduce":
-            return lambda: dist.all_reduce(buf, op=op)
-        if collective.name == "broadcast":
-            return lambda: dist.broadcast(buf, src=root)
-        if collective.name == "reduce":
-            return lambda: dist.reduce(buf, dst=root, op=op)
-        if collective.name == "barrier":
-            return dist.barrier
-        raise ValueError(f"gloo: no {collective.name}")
+    def operation(
+        self, collective: Collective, send_buf: Any, recv_buf: Any, op: Any, root: int
+    ) -> Callable[[], Any]:
+        return _torch_style_operation(
+            self._dist, self.rank, self.world_size, collective, send_buf, recv_buf, op, root
+        )
 
     def barrier(self) -> None:
         self._dist.barrier()
@@ -237,21 +300,51 @@ class MpiSystem:
             raise ValueError(f"MPI has no {op} reduction")
         return self._ops[op]
 
-    def operation(self, collective: Collective, buf: Any, op: Any, root: int) -> Callable[[], Any]:
-        comm, in_place = self._comm, self._mpi.IN_PLACE
-        if collective.name == "allreduce":
-            return lambda: comm.Allreduce(in_place, buf, op)
-        if collective.name == "broadcast":
-            # As bytes: the same transfer for every element type, float16 included.
-            raw = [buf.view("uint8"), self._mpi.BYTE]
-            return lambda: comm.Bcast(raw, root)
-        if collective.name == "reduce":
-            if self.rank == root:
-                return lambda: comm.Reduce(in_place, buf, op, root)
-            return lambda: comm.Reduce(buf, None, op, root)
-        if collective.name == "barrier":
+    def operation(
+        self, collective: Collective, send_buf: Any, recv_buf: Any, op: Any, root: int
+    ) -> Callable[[], Any]:
+        comm, in_place, name = self._comm, self._mpi.IN_PLACE, collective.name
+        rank, world_size = self.rank, self.world_size
+        if name == "allreduce":
+            return lambda: comm.Allreduce(in_place, recv_buf, op)
+        if name == "reduce":
+            if rank == root:
+                return lambda: comm.Reduce(in_place, recv_buf, op, root)
+            return lambda: comm.Reduce(recv_buf, None, op, root)
+        if name == "reduce_scatter":
+            return lambda: comm.Reduce_scatter_block(send_buf, recv_buf, op)
+        if name == "barrier":
             return comm.Barrier
-        raise ValueError(f"mpi: no {collective.name}")
+        # Everything else moves data only: as bytes, the same transfer for every element
+        # type, float16 included.
+        send_bytes = [send_buf.view("uint8"), self._mpi.BYTE]
+        recv_bytes = [recv_buf.view("uint8"), self._mpi.BYTE]
+        if name == "broadcast":
+            return lambda: comm.Bcast(recv_bytes, root)
+        if name == "allgather":
+            return lambda: comm.Allgather(send_bytes, recv_bytes)
+        if name == "alltoall":
+            return lambda: comm.Alltoall(send_bytes, recv_bytes)
+        if name == "sendrecv":
+            to_rank, from_rank = (rank + 1) % world_size, (rank - 1) % world_size
+            return lambda: comm.Sendrecv(send_bytes, to_rank, recvbuf=recv_bytes, source=from_rank)
+        if name == "pingpong":
+            if rank == 0:
+
+                def ping() -> None:
+                    comm.Send(send_bytes, 1)
+                    comm.Recv(recv_bytes, 1)
+
+                return ping
+            if rank == 1:
+
+                def pong() -> None:
+                    comm.Recv(recv_bytes, 0)
+                    comm.Send(recv_bytes, 0)
+
+                return pong
+            return _idle
+        raise ValueError(f"mpi: no operation for {name}")
 
     def barrier(self) -> None:
         self._comm.Barrier()

@@ -1,12 +1,15 @@
 """The rank side of ``ringtree-bench``: what every rank of a benchmarked job runs.
 
-For each collective and size: with ``-c 1``, write verifiable data, run the collective
-once and count the wrong elements; then ``warmup_iters`` untimed operations, a barrier,
-and ``iters`` back-to-back operations timed with ``time.perf_counter``. Each rank's
-per-operation average and wrong count go to rank 0 (see ``gather`` in
-:mod:`ringtree.bench.systems`), which prints the nccl-tests row at once (a job started
-by a launcher) or appends it to the orchestrator's result file (``--result-file``, one
-JSON object per line: ``meta``, ``begin``, ``row``, ``end``, ``skip``, then ``done``).
+For each collective and size: with ``-c 1``, write verifiable data (and fill an output
+that is not the input with a value no correct result holds), run the collective once and
+count the wrong elements; then ``warmup_iters`` untimed operations, a barrier, and
+``iters`` back-to-back operations timed with ``time.perf_counter``. Each rank allocates
+an input buffer and, when a collective is not in place, an output buffer, once, at the
+largest size. Each rank's per-operation average and wrong count go to rank 0 (see
+``gather`` in :mod:`ringtree.bench.systems`), which prints the nccl-tests row at once (a
+job started by a launcher) or appends it to the orchestrator's result file
+(``--result-file``, one JSON object per line: ``meta``, ``begin``, ``row``, ``end``,
+``skip``, then ``done``).
 """
 
 from __future__ import annotations
@@ -131,10 +134,16 @@ def _timed(system: Any, operation: Callable[[], Any], args: argparse.Namespace) 
 
 
 def _run_collective(
-    system: Any, collective: Collective, args: argparse.Namespace, sink: Any, buffer: Any
+    system: Any,
+    collective: Collective,
+    args: argparse.Namespace,
+    sink: Any,
+    inputs: Any,
+    outputs: Any,
 ) -> None:
-    """Benchmark one collective over the sweep (one row for barrier), using ``buffer``
-    (large enough for the sweep's largest size; None for barrier)."""
+    """Benchmark one collective over the sweep (one row for barrier). ``inputs`` holds the
+    input, and the output of an in-place collective; ``outputs`` the output of the others
+    (both large enough for the sweep's largest size; None when not needed)."""
     rank, world_size = system.rank, system.world_size
 
     def make_row(size: int, count: int, per_rank: list[list[Any]]) -> dict[str, Any]:
@@ -151,28 +160,36 @@ def _run_collective(
         )
 
     if not collective.has_data:
-        durations = _timed(system, system.operation(collective, None, None, args.root), args)
+        durations = _timed(system, system.operation(collective, None, None, None, args.root), args)
         per_rank = system.gather([durations, None])
         if rank == 0:
             sink.row(make_row(0, 0, per_rank))
         return
-    from .data import count_wrong, make_plan
+    from .data import count_wrong, make_plan, unwritten_value
 
-    sweep = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.datatype.itemsize)
+    parts = collective.parts(world_size)
+    input_parts, output_parts = collective.buffer_parts(world_size)
+    sweep = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.datatype.itemsize, parts)
     plan = None
     if args.check and sweep:
         plan = make_plan(collective, args.datatype, args.op, args.root, rank, world_size, sweep[-1][1])
     native_op = system.reduce_op(args.op) if collective.uses_redop else None
+    results = inputs if collective.in_place else outputs
     for size, count in sweep:
-        operation = system.operation(collective, buffer.view(count), native_op, args.root)
+        part = count // parts
+        send_buf = inputs.view(input_parts * part)
+        recv_buf = send_buf if collective.in_place else outputs.view(output_parts * part)
+        operation = system.operation(collective, send_buf, recv_buf, native_op, args.root)
         wrong = None
         if plan is not None:
-            buffer.write(plan, count)
+            inputs.write(plan, part)
+            if not collective.in_place:
+                outputs.fill(unwritten_value(args.datatype), output_parts * part)
             operation()
-            wrong = count_wrong(buffer, plan, count)
+            wrong = count_wrong(results, plan, part)
         per_rank = system.gather([_timed(system, operation, args), wrong])
         if rank == 0:
-            sink.row(make_row(size, count, per_rank))
+            sink.row(make_row(size, part, per_rank))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,19 +211,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         runnable = []
         for collective in args.collectives:
-            reason = unsupported_reason(args.system, collective, args.datatype, args.op, torch_found)
+            reason = unsupported_reason(
+                args.system, collective, args.datatype, args.op, world_size, torch_found
+            )
             if reason is None:
                 runnable.append(collective)
             elif rank == 0:
                 sink.skip(collective, reason)
         sweep = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.datatype.itemsize)
-        buffer = None
+        inputs = outputs = None
         if sweep and any(c.has_data for c in runnable):
-            buffer = system.new_buffer(args.datatype, sweep[-1][1])
+            inputs = system.new_buffer(args.datatype, sweep[-1][1])
+        if sweep and any(c.has_data and not c.in_place for c in runnable):
+            outputs = system.new_buffer(args.datatype, sweep[-1][1])
         for collective in runnable:
             if rank == 0:
                 sink.begin(collective)
-            _run_collective(system, collective, args, sink, buffer)
+            _run_collective(system, collective, args, sink, inputs, outputs)
             if rank == 0:
                 sink.end(collective)
         if rank == 0:
