@@ -103,3 +103,19 @@ def test_errors_subclass_builtins():
     assert issubclass(ringtree.DistTimeoutError, TimeoutError)
     for cls in (ringtree.DistNetworkError, ringtree.DistStoreError, ringtree.DistTimeoutError, ringtree.DistBackendError):
         assert issubclass(cls, ringtree.DistError) and issubclass(cls, RuntimeError)
+
+
+def test_supports_complex_matches_torch():
+    dist = pytest.importorskip("torch.distributed")
+    for op in ReduceOp.RedOpType:
+        expected = dist.supports_complex(getattr(dist.ReduceOp, op.name))
+        assert ringtree.supports_complex(op) is expected, op
+        assert ringtree.supports_complex(ReduceOp(op) if op != ReduceOp.PREMUL_SUM else op) is expected, op
+
+
+def test_availability_queries(monkeypatch):
+    assert not ringtree.is_ucc_available() and not ringtree.is_xccl_available()
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert not ringtree.is_torchelastic_launched()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    assert ringtree.is_torchelastic_launched()

@@ -61,6 +61,9 @@ from .process_group import (
     is_initialized,
     is_mpi_available,
     is_nccl_available,
+    is_torchelastic_launched,
+    is_ucc_available,
+    is_xccl_available,
 )
 from .process_group import _store_barrier as _store_barrier
 from .diagnostics import dump_flight_recorder
@@ -75,7 +78,7 @@ from .groups import (
     new_subgroups_by_enumeration,
     split_group,
 )
-from ._reduce_op import ReduceOp
+from ._reduce_op import ReduceOp, supports_complex
 from .object_collectives import (
     all_gather_object,
     broadcast_object_list,
@@ -103,6 +106,7 @@ __all__ = [
     "PrefixStore",
     "ProcessGroup",
     "ReduceOp",
+    "supports_complex",
     "Store",
     "TCPStore",
     "Work",
@@ -143,6 +147,9 @@ __all__ = [
     "is_gloo_available",
     "is_initialized",
     "is_mpi_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
     "is_nccl_available",
     "isend",
     "monitored_barrier",

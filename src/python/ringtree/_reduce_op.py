@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ReduceOp"]
+__all__ = ["ReduceOp", "supports_complex"]
 
 
 class ReduceOp:
@@ -67,6 +67,20 @@ class ReduceOp:
         if self.factor is None:
             return f"ReduceOp({self.op.name})"
         return f"ReduceOp({self.op.name}, factor={self.factor})"
+
+
+def supports_complex(reduceOp: ReduceOp | ReduceOp.RedOpType) -> bool:  # noqa: N803 (torch's name)
+    """Whether ``reduceOp`` is defined on complex tensors: False for MAX, MIN, PRODUCT,
+    BAND, BOR and BXOR (torch's rule)."""
+    op = getattr(reduceOp, "op", reduceOp)
+    return op not in (
+        ReduceOp.RedOpType.MAX,
+        ReduceOp.RedOpType.MIN,
+        ReduceOp.RedOpType.PRODUCT,
+        ReduceOp.RedOpType.BAND,
+        ReduceOp.RedOpType.BOR,
+        ReduceOp.RedOpType.BXOR,
+    )
 
 
 def _make_premul_sum(factor: float) -> ReduceOp:

@@ -37,6 +37,9 @@ __all__ = [
     "is_gloo_available",
     "is_initialized",
     "is_mpi_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
     "is_nccl_available",
 ]
 
@@ -257,6 +260,22 @@ def is_nccl_available() -> bool:
 def is_mpi_available() -> bool:
     """False: ringtree does not wrap MPI."""
     return False
+
+
+def is_ucc_available() -> bool:
+    """False: ringtree does not provide a UCC backend."""
+    return False
+
+
+def is_xccl_available() -> bool:
+    """False: ringtree does not provide an XCCL backend."""
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether this process was started by torchelastic (torchrun), as torch decides it:
+    ``TORCHELASTIC_RUN_ID`` is set. ringtree-run does not set it."""
+    return os.getenv("TORCHELASTIC_RUN_ID") is not None
 
 
 def is_backend_available(backend: str) -> bool:
