@@ -3,14 +3,16 @@
 Runs as one of two ranks, under either launcher:
 
 * ringtree: ``RINGTREE_TRANSPORT=shm ringtree-run --nproc-per-node 2 benchmarks/p2p_pingpong.py``
-  measures ``ringtree.send``/``ringtree.recv`` and ``ringtree.isend``/``ringtree.irecv``
-  followed by ``Work.wait()`` (``RINGTREE_TRANSPORT=tcp`` for TCP);
+  measures ``ringtree.send``/``ringtree.recv``, ``ringtree.isend``/``ringtree.irecv``
+  followed by ``Work.wait()``, and sendrecv (``RINGTREE_TRANSPORT=tcp`` for TCP);
 * mpi4py: ``mpirun -n 2 python benchmarks/p2p_pingpong.py --mpi`` measures
-  ``Comm.Send``/``Comm.Recv`` and ``Comm.Isend``/``Comm.Irecv`` followed by ``Wait()``
-  (Open MPI picks shared memory on one host; ``--mca btl self,tcp`` forces TCP).
+  ``Comm.Send``/``Comm.Recv``, ``Comm.Isend``/``Comm.Irecv`` followed by ``Wait()``, and
+  sendrecv (Open MPI picks shared memory on one host; ``--mca btl self,tcp`` forces TCP).
 
 Rank 0 sends and then receives, rank 1 the reverse; the one-way time is half a round
-trip, averaged over the iterations of one run, and each figure is the best of
+trip, averaged over the iterations of one run. The sendrecv mode is the exchange
+nccl-tests times: both ranks post a receive from the other and a send to it, then wait
+for both; its figure is the time of one exchange. Each figure is the best of
 ``--repeats`` runs (the machine may be shared: the best run is the least disturbed).
 Buffers are NumPy uint8 arrays. Rank 0 prints one line per mode and size:
 ``size  mode  time(us)  algbw(GB/s)``, decimal GB/s.
@@ -31,6 +33,16 @@ _ITERATIONS_LARGE = 4
 _LARGE_BYTES = 1 << 20
 
 
+_receive_buffers: dict[int, np.ndarray] = {}
+
+
+def _receive_buffer(buf: np.ndarray) -> np.ndarray:
+    """A buffer the size of `buf` for sendrecv's incoming message, made once per size."""
+    if buf.nbytes not in _receive_buffers:
+        _receive_buffers[buf.nbytes] = np.empty_like(buf)
+    return _receive_buffers[buf.nbytes]
+
+
 def _ringtree_modes():
     import ringtree as dist
 
@@ -46,7 +58,14 @@ def _ringtree_modes():
     def asynchronous(sending, buf):
         (dist.isend(buf, peer) if sending else dist.irecv(buf, peer)).wait()
 
-    return dist.get_rank(), {"send/recv": blocking, "isend/irecv+wait": asynchronous}, dist.destroy_process_group
+    def sendrecv(_sending, buf):
+        incoming = dist.irecv(_receive_buffer(buf), peer)
+        outgoing = dist.isend(buf, peer)
+        incoming.wait()
+        outgoing.wait()
+
+    modes = {"send/recv": blocking, "isend/irecv+wait": asynchronous, "sendrecv": sendrecv}
+    return dist.get_rank(), modes, dist.destroy_process_group
 
 
 def _mpi_modes():
@@ -64,7 +83,13 @@ def _mpi_modes():
     def asynchronous(sending, buf):
         (comm.Isend(buf, dest=peer, tag=0) if sending else comm.Irecv(buf, source=peer, tag=0)).Wait()
 
-    return comm.Get_rank(), {"Send/Recv": blocking, "Isend/Irecv+Wait": asynchronous}, lambda: None
+    def sendrecv(_sending, buf):
+        incoming = comm.Irecv(_receive_buffer(buf), source=peer, tag=0)
+        outgoing = comm.Isend(buf, dest=peer, tag=0)
+        MPI.Request.Waitall([incoming, outgoing])
+
+    modes = {"Send/Recv": blocking, "Isend/Irecv+Wait": asynchronous, "sendrecv": sendrecv}
+    return comm.Get_rank(), modes, lambda: None
 
 
 def one_way_seconds(rank: int, step, nbytes: int, repeats: int) -> float:

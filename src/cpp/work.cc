@@ -15,11 +15,15 @@ Work::Work(const char* opName, std::shared_ptr<void> keepAlive)
 Work::~Work() = default;
 
 bool Work::wait(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const bool limited = timeout.count() > 0;
+  const Clock::time_point deadline = limited ? Clock::now() + timeout : Clock::time_point::max();
+  if (progressDriver_ && !isCompleted()) progressDriver_(deadline);
   std::unique_lock<std::mutex> lock(mutex_);
   auto done = [this] { return completed_; };
-  if (timeout.count() <= 0) {
+  if (!limited) {
     completedCv_.wait(lock, done);
-  } else if (!completedCv_.wait_for(lock, timeout, done)) {
+  } else if (!completedCv_.wait_until(lock, deadline, done)) {
     throw TimeoutError(std::string("Work.wait() timed out after ") + std::to_string(timeout.count()) +
                        " ms; the " + opName_ + " is still running (wait again to see it finish)");
   }
@@ -28,6 +32,8 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   }
   return true;
 }
+
+void Work::setProgressDriver(ProgressDriver driver) { progressDriver_ = std::move(driver); }
 
 bool Work::isCompleted() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -5,7 +5,9 @@
 // (left with the sender until then), type/count mismatches, peers that shut down or are
 // killed, timeouts, shutdown with pending operations, argument errors, callbacks that
 // submit more work; blocking calls mixed with asynchronous ones from other threads on
-// the same engines. Ends with latency and bandwidth figures (printed, not asserted).
+// the same engines; Work::wait() driving progress (from the posting thread, from other
+// threads, with timeouts, in reverse order, through a killed peer). Ends with latency
+// and bandwidth figures (printed, not asserted).
 
 #include <signal.h>
 #include <unistd.h>
@@ -602,16 +604,133 @@ TEST_P(P2pTest, BlockingCallFromACallbackOnTheProgressThreadIsRefused) {
     std::string message;
     std::atomic<bool> refused{false};
     const auto work = recv(p2p, in, 1, 1);
-    // The message comes after the receive was posted: the progress thread completes it.
+    // The message comes after the receive was posted and nobody waits on the Work (a
+    // waiter would complete it itself): the progress thread completes it.
     work->addCallback([&](Work&) {
       std::vector<int32_t> out(1);
       message = messageOf<InvalidArgument>([&] { blockingSend(p2p, out, 1, 2); });
       refused = true;
     });
     posted = true;
-    work->wait();
     waitForFlag(refused);
+    work->wait();
     EXPECT_TRUE(contains(message, "send to rank 1 called from a Work callback on the progress thread")) << message;
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Work::wait() driving progress on the waiting thread, per transport
+
+TEST_P(P2pTest, WaitDrivesSendRecvExchangesOnTheWaitingThread) {
+  // Every rank receives from its left and sends to its right, then waits for both, for
+  // messages small and large. A Work still pending when wait() starts is usually completed
+  // by the waiting thread itself (its callback runs there); the progress thread may take
+  // some, so only "at least one" is expected.
+  constexpr int kRounds = 200;
+  for (const int size : {2, 3}) {
+    runEngines(size, GetParam(), [&](int rank, PointToPoint& p2p) {
+      const int left = (rank + size - 1) % size;
+      const int right = (rank + 1) % size;
+      int completedByWaiter = 0;
+      for (int round = 0; round < kRounds; ++round) {
+        const size_t count = round % 50 == 49 ? kMiB / 4 : 2;
+        const std::vector<int32_t> out = values(count, static_cast<uint32_t>(rank * kRounds + round));
+        std::vector<int32_t> in(count);
+        const auto receive = recv(p2p, in, left, round);
+        const auto sent = send(p2p, out, right, round);
+        const bool pending = !receive->isCompleted();
+        std::atomic<bool> onWaiter{false};
+        receive->addCallback([&, waiter = std::this_thread::get_id()](Work&) {
+          onWaiter = std::this_thread::get_id() == waiter;
+        });
+        receive->wait();
+        sent->wait();
+        if (pending && onWaiter) ++completedByWaiter;
+        EXPECT_EQ(receive->sourceRank(), left);
+        ASSERT_EQ(in, values(count, static_cast<uint32_t>(left * kRounds + round))) << "round " << round;
+      }
+      EXPECT_GT(completedByWaiter, 0) << "rank " << rank << " of " << size;
+    });
+  }
+}
+
+TEST_P(P2pTest, WorksWaitedFromOtherThreads) {
+  // Rank 0 posts the operations; two other threads wait for them at once (one of them
+  // drives the connection, the other sleeps until its Works complete).
+  constexpr int kMessages = 64;
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    const int peer = 1 - rank;
+    std::vector<std::vector<int32_t>> in(kMessages, std::vector<int32_t>(3));
+    std::vector<std::vector<int32_t>> out;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < kMessages; ++i) {
+      out.push_back(values(3, static_cast<uint32_t>(rank * kMessages + i)));
+      works.push_back(recv(p2p, in[static_cast<size_t>(i)], peer, i));
+      works.push_back(send(p2p, out.back(), peer, i));
+    }
+    const auto waitEvery = [&](size_t first) {
+      for (size_t w = first; w < works.size(); w += 2) works[w]->wait();
+    };
+    inParallel({[&] { waitEvery(0); }, [&] { waitEvery(1); }});
+    for (int i = 0; i < kMessages; ++i) {
+      EXPECT_EQ(in[static_cast<size_t>(i)], values(3, static_cast<uint32_t>(peer * kMessages + i))) << i;
+    }
+  });
+}
+
+TEST_P(P2pTest, WaitWithATimeoutStopsDrivingAndLeavesTheWorkToTheProgressThread) {
+  std::atomic<bool> timedOut{false};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      waitForFlag(timedOut);
+      send(p2p, {5}, 0, 1)->wait();
+      return;
+    }
+    std::vector<int32_t> in(1);
+    const auto work = recv(p2p, in, 1, 1);
+    {
+      const SetOnExit setTimedOut(timedOut);
+      const auto start = Clock::now();
+      EXPECT_TRUE(contains(messageOf<TimeoutError>([&] { work->wait(50ms); }), "irecv is still running"));
+      EXPECT_GE(elapsedSince(start), 50ms);
+      EXPECT_LT(elapsedSince(start), 5000ms);
+      EXPECT_FALSE(work->isCompleted());
+    }
+    // Nobody waits now: the progress thread completes it.
+    const auto deadline = Clock::now() + 10s;
+    while (!work->isCompleted() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(work->isCompleted());
+    EXPECT_TRUE(work->wait(1ms));
+    EXPECT_EQ(in[0], 5);
+  });
+}
+
+TEST_P(P2pTest, ManyWorksWaitedInReverseOrder) {
+  // Waiting for the last receive drives the connection through all the earlier ones.
+  constexpr int kMessages = 200;
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 1) {
+      for (int i = 0; i < kMessages; ++i) send(p2p, values(2, static_cast<uint32_t>(i)), 0, 7)->wait();
+      return;
+    }
+    std::vector<std::vector<int32_t>> in(kMessages, std::vector<int32_t>(2));
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& buffer : in) works.push_back(recv(p2p, buffer, 1, 7));
+    for (auto work = works.rbegin(); work != works.rend(); ++work) (*work)->wait();
+    for (int i = 0; i < kMessages; ++i) {
+      EXPECT_EQ(in[static_cast<size_t>(i)], values(2, static_cast<uint32_t>(i))) << "message " << i;
+    }
+  });
+}
+
+TEST_P(P2pTest, WorkWaitedAfterItsEngineIsGoneFailsWithShutdown) {
+  const auto store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    auto p2p = std::make_unique<PointToPoint>(Communicator::create(store, rank, 2, testOptions(GetParam())));
+    std::vector<int32_t> in(1);
+    const auto work = recv(*p2p, in, 1 - rank, 1);
+    p2p.reset();
+    EXPECT_TRUE(contains(failureOf<Error>(work, 1s), "shut down"));
   });
 }
 
@@ -999,6 +1118,32 @@ TEST_P(P2pProcessTest, KilledPeerFailsBlockingCallsQuickly) {
   EXPECT_LT(std::stol(r.message), 2000) << r.message;
   std::printf("[ info ] %s: killed peer failed the blocking receives after %s ms\n", kindName(kind),
               r.message.c_str());
+}
+
+TEST_P(P2pProcessTest, KilledPeerFailsAWaitThatDrivesItsConnection) {
+  // Rank 0 waits (without a timeout) for a message from rank 1, which is SIGKILLed
+  // meanwhile: the waiting thread, driving the connection itself, sees it break.
+  const TransportKind kind = GetParam();
+  const auto results = test::runProcesses(2, [kind](int rank, std::shared_ptr<Store> store) {
+    PointToPoint p2p(Communicator::create(store, rank, 2, testOptions(kind)));
+    std::vector<int32_t> in(1);
+    if (rank == 1) {
+      recv(p2p, in, 0, 1)->wait();
+      std::this_thread::sleep_for(200ms);  // rank 0 waits meanwhile
+      ::raise(SIGKILL);
+      return std::string("not killed");
+    }
+    const auto work = recv(p2p, in, 1, 2);
+    send(p2p, {1}, 1, 1)->wait();
+    const auto start = Clock::now();
+    const std::string message = messageOf<NetworkError>([&] { work->wait(); });
+    if (!contains(message, "irecv from rank 1")) throw std::runtime_error("unexpected error: " + message);
+    return std::to_string(elapsedSince(start).count());
+  });
+  ASSERT_EQ(results[1].signal, SIGKILL) << results[1].message;
+  const test::ChildResult& r = results[0];
+  ASSERT_TRUE(r.exited && r.code == 0) << r.message;
+  EXPECT_LT(std::stol(r.message), 2000) << r.message;
 }
 
 // Ping-pong between two processes: one-way latency of 8-byte messages and the bandwidth

@@ -197,12 +197,13 @@ void PointToPointEngine::postReceive(const ReceivePtr& receive, Completions* don
 std::shared_ptr<Work> PointToPointEngine::isend(const void* data, size_t count, DataType type, int peer, int tag,
                                                 std::shared_ptr<void> keepAlive) {
   const size_t bytes = checkSendArguments(data, count, type, peer, tag, "isend");
-  auto work = std::make_shared<Work>("isend", std::move(keepAlive));
+  Owner owner = workOwner("isend", peer, std::move(keepAlive));
+  std::shared_ptr<Work> work = owner.work;
   Completions done;
   {
     const auto lock = lockForCaller();
     refuseCall("isend", /*receive=*/false, peer, /*blocking=*/false);
-    postSend(Owner{work}, "isend", data, bytes, count, type, peer, tag, &done);
+    postSend(std::move(owner), "isend", data, bytes, count, type, peer, tag, &done);
     if (pendingOperations_ > 0) {
       startThreadIfNeeded();
       wakeThread();
@@ -215,12 +216,13 @@ std::shared_ptr<Work> PointToPointEngine::isend(const void* data, size_t count, 
 std::shared_ptr<Work> PointToPointEngine::irecv(void* data, size_t count, DataType type, int peer, int tag,
                                                 std::shared_ptr<void> keepAlive) {
   const size_t bytes = checkReceiveArguments(data, count, type, peer, tag, "irecv");
-  auto work = std::make_shared<Work>("irecv", std::move(keepAlive));
+  Owner owner = workOwner("irecv", peer, std::move(keepAlive));
+  std::shared_ptr<Work> work = owner.work;
   Completions done;
   {
     const auto lock = lockForCaller();
     refuseCall("irecv", /*receive=*/true, peer, /*blocking=*/false);
-    postReceive(std::make_shared<Receive>(Receive{Owner{work}, "irecv", peer, tag, type, count,
+    postReceive(std::make_shared<Receive>(Receive{std::move(owner), "irecv", peer, tag, type, count,
                                                   static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
                                                   net::deadlineAfter(timeout_)}),
                 &done);
@@ -241,7 +243,7 @@ void PointToPointEngine::send(const void* data, size_t count, DataType type, int
     auto lock = lockForCaller();
     refuseCall("send", /*receive=*/false, peer, /*blocking=*/true);
     const int claim = claimable(peer) ? peer : kNoClaim;
-    postSend(Owner{nullptr, &call}, "send", data, bytes, count, type, peer, tag, &done);
+    postSend(Owner{nullptr, &call, nullptr}, "send", data, bytes, count, type, peer, tag, &done);
     completeBlocking(lock, claim, call, &done);
   }
   finishAll(&done);
@@ -252,7 +254,7 @@ void PointToPointEngine::send(const void* data, size_t count, DataType type, int
 int PointToPointEngine::recv(void* data, size_t count, DataType type, int peer, int tag) {
   const size_t bytes = checkReceiveArguments(data, count, type, peer, tag, "recv");
   BlockingCall call;
-  Receive receive{Owner{nullptr, &call}, "recv", peer, tag, type, count, static_cast<uint8_t*>(data), bytes, 0,
+  Receive receive{Owner{nullptr, &call, nullptr}, "recv", peer, tag, type, count, static_cast<uint8_t*>(data), bytes, 0,
                   net::kNoDeadline};
   Completions done;
   {
@@ -298,8 +300,51 @@ void PointToPointEngine::nudgeClaimers(int peer) {
   }
 }
 
+PointToPointEngine::Owner PointToPointEngine::workOwner(const char* opName, int peer,
+                                                       std::shared_ptr<void> keepAlive) {
+  Owner owner{std::make_shared<Work>(opName, std::move(keepAlive)), nullptr, std::make_shared<WorkProgress>()};
+  // Weak: a Work may outlive the engine (it is done by then: shutdown() fails the rest).
+  owner.work->setProgressDriver([engine = weak_from_this(), progress = owner.progress, peer](net::Deadline until) {
+    if (const auto alive = engine.lock()) alive->driveWork(*progress, peer, until);
+  });
+  return owner;
+}
+
+void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept {
+  BlockingCall call;
+  Completions done;
+  {
+    auto lock = lockForCaller();
+    if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) return;
+    // The progress thread may sleep on the peers in poll(): wake it, and claim them once it
+    // let go of them; give up after a spin (it is then busy with them: leave them to it).
+    Backoff backoff(kSpinTime);
+    for (;;) {
+      if (progress.completed || progress.driver != nullptr || shutDown_) return;
+      bool claimedElsewhere = false;
+      bool polledByThread = false;
+      for (int index = claimBegin(peer); index < claimEnd(peer); ++index) {
+        const Peer& target = peers_[static_cast<size_t>(index)];
+        claimedElsewhere = claimedElsewhere || target.claimer != nullptr;
+        polledByThread = polledByThread || target.armed;
+      }
+      if (claimedElsewhere || Clock::now() >= until) return;
+      if (!polledByThread) break;
+      if (backoff.spunOut()) return;
+      wakeThread();
+      lock.unlock();
+      backoff.pause();
+      lock = lockForCaller();
+    }
+    progress.driver = &call;
+    completeBlocking(lock, peer, call, &done, until);
+    progress.driver = nullptr;
+  }
+  finishAll(&done);
+}
+
 void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call,
-                                          Completions* done) noexcept {
+                                          Completions* done, net::Deadline until) noexcept {
   if (call.completed) return;
   if (claim == kNoClaim) {
     startThreadIfNeeded();
@@ -313,10 +358,10 @@ void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, in
     if (moved) {
       backoff.restart();
     } else if (!call.completed && backoff.spunOut()) {
-      moved = sleepClaimed(lock, claim, call, done);
+      moved = sleepClaimed(lock, claim, call, until, done);
       backoff.restart();
     }
-    if (call.completed) break;
+    if (call.completed || (until != net::kNoDeadline && Clock::now() >= until)) break;
     // Other threads get their turn, and Works this pass completed their callbacks.
     lock.unlock();
     finishAll(done);
@@ -342,7 +387,7 @@ bool PointToPointEngine::progressClaimed(int claim, Completions* done) {
 }
 
 bool PointToPointEngine::sleepClaimed(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call,
-                                      Completions* done) {
+                                      net::Deadline until, Completions* done) {
   std::vector<pollfd> fds;
   for (int index = claimBegin(claim); index < claimEnd(claim); ++index) {
     Peer& peer = peers_[static_cast<size_t>(index)];
@@ -355,7 +400,7 @@ bool PointToPointEngine::sleepClaimed(std::unique_lock<std::mutex>& lock, int cl
   pollfd wake;
   if (!moved && !call.completed && call.waiter.prepareToSleep(&wake)) {
     fds.push_back(wake);
-    int timeoutMs = net::pollTimeoutMs(nextDeadline_);
+    int timeoutMs = net::pollTimeoutMs(std::min(nextDeadline_, until));
     if (timeoutMs < 0 || timeoutMs > kMaxSleepMs) timeoutMs = kMaxSleepMs;
     if (wake.fd < 0) timeoutMs = std::min(timeoutMs, Waiter::kNoWakeSleepMs);
     lock.unlock();

@@ -61,18 +61,25 @@ namespace ringtree::detail {
 // progress thread). Otherwise the caller wakes the progress thread and waits on its
 // Waiter.
 //
+// Work::wait() on the Work of an isend/irecv drives the same way (driveWork, the Work's
+// progress driver): unless the operation is done or another caller holds one of its peers,
+// the waiter claims them (its peer, every peer for any source), waking the progress
+// thread out of a poll() on them first, drives until the operation completes or the
+// wait's deadline passes, then releases them as a blocking call does.
+//
 // Threading: all state, the pairs included, is guarded by mutex_. The progress thread,
 // callers of isend/irecv (a caller does the work that is ready at once, so a message that
 // has arrived or a send that fits completes without a thread hand-off) and callers of
-// send/recv that claimed peers make progress under it, releasing it between passes. A
-// pair is armed for poll() by one sleeper at a time (Peer::armed). Works and Waiters are
-// completed, and unexpected messages copied out, after the mutex is released, so that a
-// Work callback may call isend/irecv.
-class PointToPointEngine {
+// send/recv and waiters of Works that claimed peers make progress under it, releasing it
+// between passes. A pair is armed for poll() by one sleeper at a time (Peer::armed).
+// Works and Waiters are completed, and unexpected messages copied out, after the mutex is
+// released, so that a Work callback may call isend/irecv.
+class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngine> {
  public:
   // The engine's own communicator: its pairs must carry nothing but this engine's
   // messages. Throws InvalidArgument for a null communicator, NetworkError when the
-  // wake-up descriptor cannot be created.
+  // wake-up descriptor cannot be created. Must be owned by a shared_ptr: the Works it
+  // hands out reach it through weak ones.
   explicit PointToPointEngine(std::shared_ptr<Communicator> communicator);
   // shutdown(). Must not run on the progress thread (from a Work callback) unless it is
   // the last thing that callback does with the engine.
@@ -109,17 +116,26 @@ class PointToPointEngine {
   static constexpr std::chrono::milliseconds kNoticeTimeout{100};
 
  private:
-  // A blocking send/recv's operation, on its caller's stack.
+  // A blocking send/recv's operation, on its caller's stack; also what a Work::wait()
+  // that drives its Work's peers claims them with (its Waiter then only ever nudged).
   struct BlockingCall {
     Waiter waiter;
     bool completed = false;  // under mutex_: its Completion is queued (see complete())
   };
 
-  // Who learns how an operation ended: its Work (isend, irecv) or, when `call` is set, the
-  // caller of send/recv blocked on it.
+  // The engine's side of an isend/irecv's Work, shared with the Work's progress driver.
+  // Under mutex_.
+  struct WorkProgress {
+    bool completed = false;          // its Completion is queued
+    BlockingCall* driver = nullptr;  // the Work::wait() that claimed its peers, if any
+  };
+
+  // Who learns how an operation ended: its Work (isend, irecv; `progress` is the Work's)
+  // or, when `call` is set, the caller of send/recv blocked on it.
   struct Owner {
     std::shared_ptr<Work> work;
     BlockingCall* call = nullptr;
+    std::shared_ptr<WorkProgress> progress;
   };
 
   // A posted receive. Shared: it moves between the matching queues, an arriving
@@ -237,10 +253,15 @@ class PointToPointEngine {
   // kNoClaim leaves it to the progress thread. Releases mutex_ between passes (finishing
   // `done` then) and returns with it held; the call's Waiter may still wait for whoever
   // completed it to finish it. noexcept: leaving early would leave the call's operation,
-  // which may live on the caller's stack, in the engine.
+  // which may live on the caller's stack, in the engine. Only for a Work's driver, whose
+  // operation stays in the engine, may `until` end the drive before it completes.
   void completeBlocking(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call,
-                        Completions* done) noexcept;
+                        Completions* done, net::Deadline until = net::kNoDeadline) noexcept;
   static constexpr int kNoClaim = -2;
+  // A pending isend/irecv's Work, with `peer` (or kAnySource), its progress driver set.
+  Owner workOwner(const char* opName, int peer, std::shared_ptr<void> keepAlive);
+  // The progress driver (see the class comment): returns at once on the progress thread.
+  void driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept;
   // The peer indices a claim (or an operation's peer) covers: [claimBegin, claimEnd),
   // this rank included.
   int claimBegin(int claim) const;
@@ -254,7 +275,8 @@ class PointToPointEngine {
   bool progressClaimed(int claim, Completions* done);
   // The caller's sleep: arms the claimed pairs and the Waiter, gives progress one more
   // chance, then sleeps in poll() with mutex_ released. Returns whether that pass moved.
-  bool sleepClaimed(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call, Completions* done);
+  bool sleepClaimed(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call, net::Deadline until,
+                    Completions* done);
   // Whether the progress thread has work with peer: something pending and no claimer.
   bool active(const Peer& peer) const;
   bool anyActivePeer() const;

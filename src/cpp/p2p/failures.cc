@@ -22,6 +22,13 @@ using p2p::MessageKind;
 void PointToPointEngine::complete(const Owner& owner, std::exception_ptr error, Completions* done, int sourceRank) {
   --pendingOperations_;
   if (owner.call != nullptr) owner.call->completed = true;
+  if (owner.progress != nullptr) {
+    owner.progress->completed = true;
+    if (BlockingCall* driver = owner.progress->driver) {
+      driver->completed = true;
+      driver->waiter.nudge();  // out of its poll(): its wait is over
+    }
+  }
   Completion completion;
   completion.owner = owner;
   completion.error = std::move(error);

@@ -7,9 +7,11 @@
 namespace ringtree {
 
 PointToPoint::PointToPoint(std::shared_ptr<Communicator> communicator)
-    : engine_(std::make_unique<detail::PointToPointEngine>(std::move(communicator))) {}
+    : engine_(std::make_shared<detail::PointToPointEngine>(std::move(communicator))) {}
 
-PointToPoint::~PointToPoint() = default;
+// A Work::wait() driving the engine may hold it a little longer: it is shut down now all
+// the same.
+PointToPoint::~PointToPoint() { engine_->shutdown(); }
 
 int PointToPoint::rank() const { return engine_->rank(); }
 

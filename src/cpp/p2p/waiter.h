@@ -63,8 +63,9 @@ class Backoff {
 //
 // Threading: finish() exactly once, from any thread; nudge() from any thread that knows
 // the Waiter exists (the owner's engine lock guarantees it); the rest on the owner's
-// thread. The owner destroys the Waiter only after finished() returned true and any
-// sleep it prepared ended with wokeUp(): then finish() and nudge() never touch it again.
+// thread. The owner destroys the Waiter only once nobody can call finish() or nudge() any
+// more (finished() returned true, or it was never handed out for finish() and is no
+// longer reachable under the engine lock) and any sleep it prepared ended with wokeUp().
 class Waiter {
  public:
   // How long a sleep without a wake-up descriptor lasts.

@@ -37,7 +37,10 @@ class PointToPointEngine;
 // blocking send/recv make progress on the calling thread instead whenever the engine has
 // nothing else pending with that peer (for a receive from kAnySource: nothing at all):
 // no thread hand-off, no Work, no copy beyond the transport's. Otherwise they queue like
-// isend/irecv and wait for the progress thread (still without a Work). A send's Work
+// isend/irecv and wait for the progress thread (still without a Work). Work::wait() on
+// an isend/irecv's Work likewise drives its peer (every peer, for kAnySource) on the
+// waiting thread unless another caller already does, until the Work completes or the
+// wait times out, and leaves the rest to the progress thread. A send's Work
 // completes (send returns) when its buffer may be reused, a receive's when the data is in
 // place.
 //
@@ -93,7 +96,7 @@ class RINGTREE_API PointToPoint {
   void shutdown();
 
  private:
-  std::unique_ptr<detail::PointToPointEngine> engine_;
+  std::shared_ptr<detail::PointToPointEngine> engine_;  // and weakly by its Works
 };
 
 }  // namespace ringtree

@@ -22,6 +22,14 @@ namespace ringtree {
 class RINGTREE_API Work {
  public:
   using Callback = std::function<void(Work&)>;
+  // Lets a waiter make the operation progress on its own thread instead of sleeping
+  // until another thread finishes it. Called by wait(), without the Work's lock, while
+  // the Work is not completed, with the time wait() must return by (time_point::max():
+  // no limit). It returns once the operation is done (whoever completed it may still be
+  // about to call finish()), once the deadline passed, or at once when this thread
+  // cannot drive it; wait() then sleeps until finish() as it would without one. It may
+  // finish this and other Works on the calling thread. Must not throw.
+  using ProgressDriver = std::function<void(std::chrono::steady_clock::time_point deadline)>;
 
   // A pending Work for the operation named `opName` (a string literal: "allreduce", ...,
   // used in messages). `keepAlive` is held until the operation finishes and released
@@ -32,7 +40,8 @@ class RINGTREE_API Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  // Blocks until the operation finished, or until `timeout` passed (zero: no limit).
+  // Blocks until the operation finished, or until `timeout` passed (zero: no limit),
+  // driving it through the progress driver first when one was set.
   // Returns true once the operation finished successfully; rethrows the operation's
   // exception (the same object on every call) when it failed. Throws TimeoutError when
   // the timeout passes first: the operation itself keeps running, and a later wait()
@@ -61,6 +70,10 @@ class RINGTREE_API Work {
   // worker) and should not throw: an exception escaping it is logged and dropped.
   void addCallback(Callback callback);
 
+  // Sets the progress driver wait() uses (see ProgressDriver). For whoever creates the
+  // Work, before any other thread can see it; at most once.
+  void setProgressDriver(ProgressDriver driver);
+
   // Completes the Work: releases the keep-alive, records `error` (null: success), wakes
   // every waiter, then runs the callbacks. For the code that runs the operation; must be
   // called exactly once (a second call throws InvalidArgument).
@@ -76,6 +89,7 @@ class RINGTREE_API Work {
   int sourceRank_ = -1;
   std::shared_ptr<void> keepAlive_;
   std::vector<Callback> callbacks_;
+  ProgressDriver progressDriver_;  // immutable once the Work is shared
 };
 
 }  // namespace ringtree
