@@ -74,7 +74,8 @@ def test_rank_that_skips_a_collective(tmp_path, transport):
     for rank in (0, 1):
         failed = results[rank]["ok"]
         assert failed["error"] == "DistTimeoutError", failed
-        assert "in allreduce(seq=3, algorithm=" in failed["message"], failed["message"]
+        # This rank's own timeout, or the one another waiting rank passed on first.
+        assert "allreduce(seq=3, algorithm=" in failed["message"], failed["message"]
         assert "rank 2 did not enter allreduce(seq=3): rank 2 last completed barrier(seq=2)" in failed["message"], \
             failed["message"]
         assert failed["destroy_s"] < 2.0, failed
@@ -88,7 +89,7 @@ def test_rank_that_skips_a_collective(tmp_path, transport):
     assert len(divergence) == 1 and lines[divergence[0]].strip().startswith("seq 3"), merged.stdout
     assert "allreduce(seq=3" in lines[divergence[0]]
     assert " ".join(lines[divergence[0] + 1].split()) == "entered: 0, 1 failed: 0, 1 did not enter: 2", merged.stdout
-    assert "rank 0 failed in seq 3: rank 0: timed out after" in merged.stdout
+    assert "rank 0 failed in seq 3: rank 0: " in merged.stdout
 
 
 def _document(rank: int, descriptions: list[str]) -> dict:

@@ -97,10 +97,13 @@ std::string hostName() {
 }  // namespace
 
 int64_t wallNsAt(int64_t steadyNs) {
-  const int64_t wallNow =
+  // Measured once per process, so that every read of a call converts it to the same
+  // wall-clock time (a fresh offset per read differs by clock-read jitter).
+  static const int64_t kWallMinusSteady =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  return steadyNs + (wallNow - steadyNowNs());
+          .count() -
+      steadyNowNs();
+  return steadyNs + kWallMinusSteady;
 }
 
 // One entry: one cache line. Every field is an atomic so that a reader racing the

@@ -35,7 +35,8 @@ inline int64_t steadyNowNs() {
 }
 
 // Nanoseconds since the epoch of the wall clock, at the steady-clock time `steadyNs`
-// (converted with the current offset between the two clocks).
+// (converted with the offset between the two clocks measured at the first call in this
+// process, so that repeated reads agree; a later wall-clock step is not followed).
 int64_t wallNsAt(int64_t steadyNs);
 
 // One call as read back from the recorder.
