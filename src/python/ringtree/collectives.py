@@ -90,6 +90,14 @@ def _group_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, n
     return converted
 
 
+def _root_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
+    """The group rank of a rooted call's root, as ``_group_rank`` reads it, with torch's
+    default for gather/scatter and their object forms: global rank 0 when neither is given."""
+    if rank is None and group_rank is None:
+        rank = 0
+    return _group_rank(group, rank, group_rank, name)
+
+
 def all_reduce(
     tensor: Any,
     op: Any = ReduceOp.SUM,
@@ -388,9 +396,7 @@ def gather(
     pg = _member_group(group, "gather")
     if pg is None:
         return None
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _group_rank(pg, dst, group_dst, "dst")
+    root = _root_rank(pg, dst, group_dst, "dst")
     _check_root_list(pg.rank() == root, gather_list, "gather_list", "destination")
     return pg._engine.gather(tensor, gather_list, root, async_op, algorithm)
 
@@ -428,9 +434,7 @@ def scatter(
     pg = _member_group(group, "scatter")
     if pg is None:
         return None
-    if src is None and group_src is None:
-        src = 0
-    root = _group_rank(pg, src, group_src, "src")
+    root = _root_rank(pg, src, group_src, "src")
     _check_root_list(pg.rank() == root, scatter_list, "scatter_list", "source")
     return pg._engine.scatter(tensor, scatter_list, root, async_op, algorithm)
 

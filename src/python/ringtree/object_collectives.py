@@ -20,9 +20,8 @@ from array import array
 from itertools import accumulate
 from typing import Any
 
-from ._C import ANY_SOURCE
-from .collectives import _check_root_list, _group_rank, _member_group
-from .p2p import _destination
+from .collectives import _check_root_list, _member_group, _root_rank
+from .p2p import _destination, _source
 from .process_group import ProcessGroup
 
 __all__ = [
@@ -116,9 +115,7 @@ def gather_object(
     pg = _member_group(group, "gather_object")
     if pg is None:
         return
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _group_rank(pg, dst, group_dst, "dst")
+    root = _root_rank(pg, dst, group_dst, "dst")
     is_root = pg.rank() == root
     _check_root_list(is_root, object_gather_list, "gather_list", "destination")
     payload = pickle.dumps(obj)
@@ -165,9 +162,7 @@ def broadcast_object_list(
     pg = _member_group(group, "broadcast_object_list")
     if pg is None:
         return
-    if src is None and group_src is None:
-        src = 0
-    root = _group_rank(pg, src, group_src, "src")
+    root = _root_rank(pg, src, group_src, "src")
     if pg.rank() == root:
         payloads = [pickle.dumps(obj) for obj in object_list]
         pg._engine.broadcast(array("q", map(len, payloads)), root, False)
@@ -210,9 +205,7 @@ def scatter_object_list(
     pg = _member_group(group, "scatter_object_list")
     if pg is None:
         return
-    if src is None and group_src is None:
-        src = 0
-    root = _group_rank(pg, src, group_src, "src")
+    root = _root_rank(pg, src, group_src, "src")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
     if pg.rank() == root:
@@ -309,14 +302,7 @@ def recv_object_list(
     pg = _member_group(group, "recv_object_list")
     if pg is None:
         return -1
-    if src is None and group_src is None:
-        peer = ANY_SOURCE
-    else:
-        peer = _group_rank(pg, src, group_src, "src")
-        if peer == pg.rank():
-            raise ValueError(
-                "Invalid source rank: source rank should not be the same as the rank of the current process."
-            )
+    peer = _source(pg, src, group_src)
     sizes = _sizes(len(object_list))
     work = pg._p2p.irecv(sizes, peer, 0)
     work.wait()

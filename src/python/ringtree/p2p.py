@@ -47,6 +47,17 @@ def _destination(pg: ProcessGroup, dst: int | None, group_dst: int | None) -> in
     return peer
 
 
+def _source(pg: ProcessGroup, src: int | None, group_src: int | None) -> int:
+    """The group rank a receive takes from: ``src`` (global) or ``group_src``, not this
+    rank (torch's check and text), or ANY_SOURCE when neither is given."""
+    if src is None and group_src is None:
+        return ANY_SOURCE
+    peer = _group_rank(pg, src, group_src, "src")
+    if peer == pg.rank():
+        raise ValueError("Invalid source rank: source rank should not be the same as the rank of the current process.")
+    return peer
+
+
 def isend(
     tensor: Any,
     dst: int | None = None,
@@ -104,7 +115,7 @@ def irecv(
     pg = _member_group(group, "irecv")
     if pg is None:
         return None
-    peer = ANY_SOURCE if src is None and group_src is None else _group_rank(pg, src, group_src, "src")
+    peer = _source(pg, src, group_src)
     return pg._p2p.irecv(tensor, peer, tag)
 
 
@@ -160,7 +171,7 @@ def recv(
     pg = _member_group(group, "recv")
     if pg is None:
         return -1
-    peer = ANY_SOURCE if src is None and group_src is None else _group_rank(pg, src, group_src, "src")
+    peer = _source(pg, src, group_src)
     return pg._ranks[pg._p2p.recv(tensor, peer, tag)]
 
 
