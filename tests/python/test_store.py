@@ -239,6 +239,34 @@ def test_tcp_store_64_clients_1000_adds():
     assert server.get("load") == b"64000"
 
 
+def test_stores_constructed_in_many_threads_at_once(tmp_path):
+    """Store constructors release the GIL while they connect; the Python objects must
+    still be registered under the GIL, or threads constructing at once corrupt memory."""
+    server = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    errors: list[str] = []
+    start = threading.Barrier(32)
+
+    def construct(index):
+        try:
+            start.wait()
+            for round_ in range(100):
+                tcp = ringtree.TCPStore("127.0.0.1", server.port)
+                tcp.add("constructed", 1)
+                files = ringtree.FileStore(str(tmp_path / f"store-{index}"), -1)
+                files.set(str(round_), "x")
+                del tcp, files
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=construct, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert server.get("constructed") == b"3200"
+
+
 def test_tcp_store_survives_garbage():
     server = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     good = ringtree.TCPStore("127.0.0.1", server.port)

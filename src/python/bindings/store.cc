@@ -41,6 +41,10 @@ std::vector<Bytes> toBytesList(const std::vector<std::string>& values) {
 
 }  // namespace
 
+// Constructors that block (connecting, waiting for workers) release the GIL inside their
+// factory, never through py::call_guard: a guard would also cover pybind11's registration
+// of the new Python instance, which must hold the GIL (concurrent constructions in several
+// threads would race on pybind11's instance table).
 void initStore(py::module_& m) {
   py::class_<Store, std::shared_ptr<Store>>(m, "Store", R"(Key-value store used for rendezvous.
 
@@ -129,9 +133,10 @@ timeout passes (then raise DistStoreError naming the keys and the timeout).)")
 
 With world_size > 0 the last of world_size FileStore objects to be destroyed removes the file.)")
       .def(py::init([](const std::string& fileName, int worldSize) {
+             py::gil_scoped_release release;
              return std::make_shared<FileStore>(fileName, worldSize);
            }),
-           py::arg("file_name"), py::arg("world_size") = -1, py::call_guard<py::gil_scoped_release>())
+           py::arg("file_name"), py::arg("world_size") = -1)
       .def_property_readonly("path", &FileStore::path);
 
   py::class_<TcpStore, Store, std::shared_ptr<TcpStore>>(m, "TCPStore", R"(A store served over TCP.
@@ -158,12 +163,13 @@ multi_tenant and use_libuv are accepted for torch compatibility and have no effe
              options.numWorkers = worldSize.value_or(-1);
              options.waitForWorkers = waitForWorkers;
              options.token = token.value_or("");
+             py::gil_scoped_release release;
              return std::make_shared<TcpStore>(hostName, options, timeout);
            }),
            py::arg("host_name"), py::arg("port"), py::arg("world_size") = py::none(), py::arg("is_master") = false,
            py::arg("timeout") = Milliseconds(Store::kDefaultTimeout), py::arg("wait_for_workers") = true,
            py::arg("multi_tenant") = false, py::arg("master_listen_fd") = py::none(), py::arg("use_libuv") = true,
-           py::kw_only(), py::arg("token") = py::none(), py::call_guard<py::gil_scoped_release>())
+           py::kw_only(), py::arg("token") = py::none())
       .def_property_readonly("host", &TcpStore::host)
       .def_property_readonly("port", &TcpStore::port)
       .def_property_readonly("_num_server_clients", &TcpStore::numServerClients,
