@@ -98,6 +98,10 @@ def test_messages_name_the_call_and_argument(world1):
         dist.gather(torch.zeros(1), None, dst=0)
     with pytest.raises(ValueError, match="input_split_sizes add up to 3 but input's dim 0 is 2"):
         dist.all_to_all_single(torch.zeros(2), torch.zeros(2), None, [3])
+    with pytest.raises(ValueError, match=r"output_split_sizes must hold one size per rank of the group \(1\), got 2"):
+        dist.all_to_all_single(torch.zeros(2), torch.zeros(2), [1, 1], None)
+    with pytest.raises(ValueError, match="input_split_sizes must be non-negative ints, got .-1."):
+        dist.all_to_all_single(torch.zeros(2), torch.zeros(2), None, [-1])
     with pytest.raises(ValueError, match="does not support ReduceOp.MIN on complex64"):
         dist.reduce_scatter_single(torch.zeros(1, dtype=torch.complex64), torch.zeros(1, dtype=torch.complex64),
                                    op=dist.ReduceOp.MIN)
@@ -115,6 +119,13 @@ def test_buffer_protocol_and_split_rows(world1):
     output = torch.zeros(3, 2, dtype=torch.int64)
     dist.all_to_all_single(output, rows, [3], [3])  # split sizes count rows of dim 0
     assert torch.equal(output, rows)
+    array_rows = np.arange(6, dtype=np.float64).reshape(3, 2)  # through the buffer protocol
+    array_out = np.zeros((3, 2))
+    dist.all_to_all_single(array_out, array_rows, (3,), (3,))
+    assert (array_out == array_rows).all()
+    scalar_out = torch.zeros(())
+    dist.all_to_all_single(scalar_out, torch.tensor(7.0))  # a 0-dim tensor is one row
+    assert scalar_out.item() == 7.0
 
 
 def test_requires_an_initialized_group():

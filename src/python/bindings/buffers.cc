@@ -471,6 +471,7 @@ void Buffer::readTensor(const void* tensorPtr, const char* what) {
     }
   }
   count_ = count;
+  rows_ = tensor.ndim > 0 ? static_cast<size_t>(tensor.shape[0]) : 1;
   data_ = static_cast<char*>(tensor.data) + tensor.byteOffset;
 }
 
@@ -495,11 +496,13 @@ void Buffer::fromBufferProtocol(py::handle object, Access access, const char* wh
   type_ = fromBufferFormat(view_->format, view_->itemsize, what);
   data_ = view_->buf;
   count_ = view_->itemsize > 0 ? static_cast<size_t>(view_->len / view_->itemsize) : 0;
+  rows_ = view_->ndim > 0 && view_->shape != nullptr ? static_cast<size_t>(view_->shape[0]) : (view_->ndim > 0 ? count_ : 1);
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(other.data_),
       count_(other.count_),
+      rows_(other.rows_),
       type_(other.type_),
       owner_(std::exchange(other.owner_, Owner::kNone)),
       managed_(std::exchange(other.managed_, nullptr)),

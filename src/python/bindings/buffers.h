@@ -44,6 +44,8 @@ class Buffer {
 
   void* data() const { return data_; }
   size_t count() const { return count_; }
+  // The size of dim 0 (1 for a 0-dim tensor): the rows all_to_all_single splits by.
+  size_t rows() const { return rows_; }
   DataType type() const { return type_; }
 
  private:
@@ -59,6 +61,7 @@ class Buffer {
 
   void* data_ = nullptr;
   size_t count_ = 0;
+  size_t rows_ = 1;
   DataType type_ = DataType::kUInt8;
   Owner owner_ = Owner::kNone;
   void* managed_ = nullptr;  // the DLManagedTensor(Versioned) whose deleter we call

@@ -223,6 +223,7 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 struct Span {
   void* data;
   size_t count;
+  size_t rows = 1;  // the size of dim 0 (1 for a 0-dim tensor)
 };
 
 // One collective call: the buffers it borrowed, which must all hold one dtype, and the
@@ -243,7 +244,7 @@ class Call {
   // call's first buffer.
   Span borrow(py::handle object, Access access, const std::string& name, int index = -1) {
     Buffer buffer(object, access, what_);
-    const Span span{buffer.data(), buffer.count()};
+    const Span span{buffer.data(), buffer.count(), buffer.rows()};
     if (buffers_.empty()) {
       type_ = buffer.type();
       firstName_ = argumentName(name, index);
@@ -524,43 +525,47 @@ py::object alltoall(ProcessGroup& group, py::handle outputList, py::handle input
   });
 }
 
-// The parts of `span` (the argument `name`) sent to or received from each rank: `counts`
-// elements each, end to end, or equal parts when there are none.
-std::vector<Span> splitSpan(const Call& call, const Span& span, const std::optional<std::vector<int64_t>>& counts,
+// The parts of `span` (the argument `name`) sent to or received from each rank, cut along
+// dim 0: `splitSizes` rows each, end to end, or equal parts when there are none (None or
+// empty, as in torch). Raises ValueError naming the argument for sizes that do not fit.
+std::vector<Span> splitSpan(const Call& call, const Span& span, const std::optional<std::vector<int64_t>>& splitSizes,
                             int size, const char* name) {
   const std::string prefix = std::string(call.what()) + ": ";
-  if (!counts.has_value()) {
-    if (span.count % size != 0) {
-      throw InvalidArgument(prefix + name + " has " + elementsText(span.count) +
-                            ", which do not split into equal parts for the " + std::to_string(size) + " ranks");
+  const size_t rowElements = span.rows > 0 ? span.count / span.rows : 0;
+  if (!splitSizes.has_value() || splitSizes->empty()) {
+    if (span.rows % size != 0) {
+      throw InvalidArgument(prefix + name + "'s dim 0 (" + std::to_string(span.rows) +
+                            ") does not divide equally across the group's " + std::to_string(size) + " ranks; pass " +
+                            name + "_split_sizes");
     }
-    return slices(span.data, span.count / size, call.type(), size);
+    return slices(span.data, span.rows / size * rowElements, call.type(), size);
   }
-  if (counts->size() != static_cast<size_t>(size)) {
-    throw InvalidArgument(prefix + name + " needs one split size per rank of the group (" + std::to_string(size) +
-                          "), got " + std::to_string(counts->size()));
+  if (splitSizes->size() != static_cast<size_t>(size)) {
+    throw InvalidArgument(prefix + name + "_split_sizes must hold one size per rank of the group (" +
+                          std::to_string(size) + "), got " + std::to_string(splitSizes->size()));
   }
   std::vector<Span> spans;
   spans.reserve(size);
-  size_t offset = 0;
-  for (int64_t count : *counts) {
-    if (count < 0) {
-      throw InvalidArgument(prefix + "split sizes of " + name + " must not be negative, got " + std::to_string(count));
+  size_t rows = 0;
+  for (int64_t splitRows : *splitSizes) {
+    if (splitRows < 0) {
+      throw InvalidArgument(prefix + name + "_split_sizes must be non-negative, got " + std::to_string(splitRows));
     }
-    std::byte* start = static_cast<std::byte*>(span.data) + offset * elementSize(call.type());
-    spans.push_back({start, static_cast<size_t>(count)});
-    offset += static_cast<size_t>(count);
+    std::byte* start = static_cast<std::byte*>(span.data) + rows * rowElements * elementSize(call.type());
+    spans.push_back({start, static_cast<size_t>(splitRows) * rowElements, static_cast<size_t>(splitRows)});
+    rows += static_cast<size_t>(splitRows);
   }
-  if (offset != span.count) {
-    throw InvalidArgument(prefix + "the split sizes of " + name + " add up to " + elementsText(offset) + " but " +
-                          name + " has " + elementsText(span.count));
+  if (rows != span.rows) {
+    throw InvalidArgument(prefix + name + "_split_sizes add up to " + std::to_string(rows) + " but " + name +
+                          "'s dim 0 is " + std::to_string(span.rows) + " (split sizes don't match the total dim 0 size)");
   }
   return spans;
 }
 
 py::object alltoallSingle(ProcessGroup& group, py::handle output, py::handle input,
-                          const std::optional<std::vector<int64_t>>& outputCounts,
-                          const std::optional<std::vector<int64_t>>& inputCounts, bool asyncOp, py::handle algorithm) {
+                          const std::optional<std::vector<int64_t>>& outputSplitSizes,
+                          const std::optional<std::vector<int64_t>>& inputSplitSizes, bool asyncOp,
+                          py::handle algorithm) {
   AlltoallOptions options;
   options.algorithm = parseAlgorithmArgument(algorithm);
   auto call = std::make_shared<Call>("all_to_all_single");
@@ -570,8 +575,8 @@ py::object alltoallSingle(ProcessGroup& group, py::handle output, py::handle inp
   if (overlaps(in.data, in.count * elementBytes, out.data, out.count * elementBytes)) {
     throw InvalidArgument("all_to_all_single: input and output must not overlap");
   }
-  const std::vector<Span> outs = splitSpan(*call, out, outputCounts, group.size(), "output");
-  const std::vector<Span> ins = splitSpan(*call, in, inputCounts, group.size(), "input");
+  const std::vector<Span> outs = splitSpan(*call, out, outputSplitSizes, group.size(), "output");
+  const std::vector<Span> ins = splitSpan(*call, in, inputSplitSizes, group.size(), "input");
   for (int r = 0; r < group.size(); ++r) {
     call->addInput(ins[r]);
     call->addOutput(outs[r]);
@@ -795,10 +800,12 @@ or the buffer protocol, used in place.)")
            "output <- op over every rank's part `rank` of input (world_size equal parts, end to end).")
       .def("alltoall", &alltoall, py::arg("output_list"), py::arg("input_list"), py::arg("async_op"),
            py::arg("algorithm") = py::none(), "output_list[r] <- rank r's input_list[rank].")
-      .def("alltoall_single", &alltoallSingle, py::arg("output"), py::arg("input"), py::arg("output_counts"),
-           py::arg("input_counts"), py::arg("async_op"), py::arg("algorithm") = py::none(),
-           "Part r of output <- part `rank` of rank r's input; parts are the element counts given "
-           "(None: world_size equal parts), end to end in rank order. input and output must not overlap.")
+      .def("alltoall_single", &alltoallSingle, py::arg("output"), py::arg("input"),
+           py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "Part r of output <- part `rank` of rank r's input; parts are cut along dim 0, the split "
+           "sizes' rows each (None: world_size equal parts), end to end in rank order. input and "
+           "output must not overlap.")
       .def("allreduce_coalesced", &allreduceCoalesced, py::arg("tensors"), py::arg("op"), py::arg("async_op"),
            "In place: every buffer of tensors <- op over every rank's buffer at the same index, as one operation.")
       .def("allgather_coalesced", &allgatherCoalesced, py::arg("output_lists"), py::arg("input_list"),

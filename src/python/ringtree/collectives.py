@@ -18,7 +18,6 @@ disagree on the call. After any of the last three the group is unusable.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Sequence
 from datetime import timedelta
@@ -571,47 +570,15 @@ def all_to_all(
     return pg._engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
 
 
-def _rows(buffer: Any, name: str) -> tuple[int, int]:
-    """(size of dim 0, elements per dim-0 row) of a tensor or array; a 0-dim tensor is one
-    row of one element."""
-    shape = getattr(buffer, "shape", None)
-    if shape is None:
-        try:
-            shape = memoryview(buffer).shape
-        except TypeError:
-            kind = type(buffer).__name__
-            raise TypeError(f"all_to_all_single: {name} must be a tensor or array, got {kind}") from None
-    shape = tuple(shape)
-    if not shape:
-        return 1, 1
-    return shape[0], math.prod(shape[1:])
-
-
-def _split_counts(buffer: Any, split_sizes: Sequence[int] | None, name: str, world_size: int) -> list[int] | None:
-    """The element counts of ``buffer``'s parts for all_to_all_single: ``split_sizes`` rows
-    of dim 0 each, or None for world_size equal parts."""
-    rows, row_elements = _rows(buffer, name)
+def _split_sizes(split_sizes: Sequence[int] | None, name: str) -> list[int] | None:
+    """``split_sizes`` as a list of ints for the engine, which checks them against the
+    buffer's dim 0 and the group size; None or empty means equal parts."""
     if not split_sizes:
-        if rows % world_size != 0:
-            raise ValueError(
-                f"all_to_all_single: {name}'s dim 0 ({rows}) does not divide equally across the group's "
-                f"{world_size} ranks; pass {name}_split_sizes"
-            )
         return None
-    splits = list(split_sizes)
-    if len(splits) != world_size:
-        raise ValueError(
-            f"all_to_all_single: {name}_split_sizes must hold one size per rank of the group ({world_size}), "
-            f"got {len(splits)}"
-        )
-    if any(not isinstance(s, int) or s < 0 for s in splits):
-        raise ValueError(f"all_to_all_single: {name}_split_sizes must be non-negative ints, got {splits}")
-    if sum(splits) != rows:
-        raise ValueError(
-            f"all_to_all_single: {name}_split_sizes add up to {sum(splits)} but {name}'s dim 0 is {rows} "
-            "(split sizes don't match the total dim 0 size)"
-        )
-    return [s * row_elements for s in splits]
+    sizes = list(split_sizes)
+    if any(not isinstance(s, int) or s < 0 for s in sizes):
+        raise ValueError(f"all_to_all_single: {name}_split_sizes must be non-negative ints, got {sizes}")
+    return sizes
 
 
 def all_to_all_single(
@@ -649,9 +616,14 @@ def all_to_all_single(
     pg = _member_group(group, "all_to_all_single")
     if pg is None:
         return None
-    output_counts = _split_counts(output, output_split_sizes, "output", pg.size())
-    input_counts = _split_counts(input, input_split_sizes, "input", pg.size())
-    return pg._engine.alltoall_single(output, input, output_counts, input_counts, async_op, algorithm)
+    return pg._engine.alltoall_single(
+        output,
+        input,
+        _split_sizes(output_split_sizes, "output") if output_split_sizes else None,
+        _split_sizes(input_split_sizes, "input") if input_split_sizes else None,
+        async_op,
+        algorithm,
+    )
 
 
 # --- Coalesced ------------------------------------------------------------------------------
