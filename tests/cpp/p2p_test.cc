@@ -345,6 +345,31 @@ TEST_P(P2pTest, LargeMessagePostedAfterItsReceive) {
   });
 }
 
+// isend/irecv leave what they cannot finish at once to a wait() for a moment
+// (kHandOffDelay), then to the progress thread: operations nobody waits for still finish.
+TEST_P(P2pTest, OperationsNobodyWaitsForFinishOnTheProgressThread) {
+  const auto finishesUnwaited = [](const std::shared_ptr<Work>& work) {
+    const auto deadline = Clock::now() + 5s;
+    while (!work->isCompleted() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    return work->isCompleted() && work->isSuccess();
+  };
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    if (rank == 0) {
+      const std::vector<int32_t> out = values(kHugeCount, 5);
+      EXPECT_TRUE(finishesUnwaited(send(p2p, out, 1, 1)));  // the peer blocks in recv
+      std::vector<int32_t> in(kHugeCount);
+      const auto received = recv(p2p, in, 1, 2);
+      EXPECT_TRUE(finishesUnwaited(received));  // the peer blocks in send
+      EXPECT_EQ(in, values(kHugeCount, 6));
+      return;
+    }
+    std::vector<int32_t> in(kHugeCount);
+    blockingRecv(p2p, in, 0, 1);
+    EXPECT_EQ(in, values(kHugeCount, 5));
+    blockingSend(p2p, values(kHugeCount, 6), 0, 2);
+  });
+}
+
 TEST_P(P2pTest, CallbacksMaySubmitMoreWork) {
   // Rank 1 answers each message from the completion callback of its receive (which runs
   // on the progress thread or inside irecv).

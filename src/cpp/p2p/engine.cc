@@ -203,11 +203,9 @@ std::shared_ptr<Work> PointToPointEngine::isend(const void* data, size_t count, 
   {
     const auto lock = lockForCaller();
     refuseCall("isend", /*receive=*/false, peer, /*blocking=*/false);
+    const bool firstPending = pendingOperations_ == 0;
     postSend(std::move(owner), "isend", data, bytes, count, type, peer, tag, &done);
-    if (pendingOperations_ > 0) {
-      startThreadIfNeeded();
-      wakeThread();
-    }
+    if (pendingOperations_ > 0) handOffLater(firstPending);
   }
   finishAll(&done);
   return work;
@@ -222,14 +220,12 @@ std::shared_ptr<Work> PointToPointEngine::irecv(void* data, size_t count, DataTy
   {
     const auto lock = lockForCaller();
     refuseCall("irecv", /*receive=*/true, peer, /*blocking=*/false);
+    const bool firstPending = pendingOperations_ == 0;
     postReceive(std::make_shared<Receive>(Receive{std::move(owner), "irecv", peer, tag, type, count,
                                                   static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
                                                   net::deadlineAfter(timeout_)}),
                 &done);
-    if (pendingOperations_ > 0) {
-      startThreadIfNeeded();
-      wakeThread();
-    }
+    if (pendingOperations_ > 0) handOffLater(firstPending);
   }
   finishAll(&done);
   return work;
@@ -548,6 +544,34 @@ void PointToPointEngine::wakeThread() {
   }
 }
 
+void PointToPointEngine::handOffLater(bool firstPending) {
+  const auto now = Clock::now();
+  if (firstPending) handOffAt_ = now + kHandOffDelay;  // older pending ones keep theirs
+  lingerUntil_ = now + kIdleLinger;
+  startThreadIfNeeded();
+  // A thread polling other operations' peers would not see these until a wake-up; an idle
+  // one in a timed sleep wakes by itself in time.
+  if (threadState_ == ThreadState::kPolling || (threadState_ == ThreadState::kIdle && !idleTimed_)) wakeThread();
+}
+
+void PointToPointEngine::sleepIdle(std::unique_lock<std::mutex>& lock) {
+  const auto now = Clock::now();
+  const bool active = anyActivePeer();
+  if (active && now >= handOffAt_) return;  // the thread's to progress now
+  threadState_ = ThreadState::kIdle;
+  if (active) {
+    idleTimed_ = true;
+    idleCv_.wait_until(lock, handOffAt_);
+  } else if (now < lingerUntil_) {
+    idleTimed_ = true;
+    idleCv_.wait_until(lock, std::min(lingerUntil_, now + kHandOffDelay));
+  } else {
+    idleCv_.wait(lock);
+  }
+  idleTimed_ = false;
+  threadState_ = ThreadState::kRunning;
+}
+
 void PointToPointEngine::drainWakeFd() {
   if (!wakeSignalled_) return;
   uint64_t count = 0;
@@ -564,11 +588,10 @@ void PointToPointEngine::run(const std::shared_ptr<std::atomic<bool>>& engineAli
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     if (shutDown_) return;
-    // Pending operations with claimed peers are their claimers' to drive.
-    if (!anyActivePeer()) {
-      threadState_ = ThreadState::kIdle;
-      idleCv_.wait(lock);
-      threadState_ = ThreadState::kRunning;
+    // Pending operations with claimed peers are their claimers' to drive; new ones are
+    // left to their waiters until handOffAt_.
+    if (!anyActivePeer() || Clock::now() < handOffAt_) {
+      sleepIdle(lock);
       backoff.restart();
       continue;
     }

@@ -112,6 +112,13 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   // costs that much).
   static constexpr std::chrono::microseconds kSpinTime{50};
   static constexpr int kMaxSleepMs = 100;
+  // An isend/irecv that cannot finish at once is left for this long to a Work::wait()
+  // that drives it on the waiting thread, before the progress thread takes it over (a
+  // wait() that comes sooner spares the thread's wake-up and its contention for the CPU).
+  // For that long after its last such hand-off the idle thread wakes at this period, so
+  // that new operations need not wake it.
+  static constexpr std::chrono::microseconds kHandOffDelay{200};
+  static constexpr std::chrono::milliseconds kIdleLinger{20};
   // How long a rank that gives up a connection tries to hand its notice to the pair.
   static constexpr std::chrono::milliseconds kNoticeTimeout{100};
 
@@ -323,6 +330,11 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
 
   // The progress thread.
   void run(const std::shared_ptr<std::atomic<bool>>& engineAlive);
+  // For isend/irecv that left operations pending: starts the thread if needed and makes
+  // sure it takes them over at handOffAt_ unless a Work::wait() finishes them first.
+  void handOffLater(bool firstPending);
+  // The idle thread's sleep: until the next hand-off, or a linger period, or a wake-up.
+  void sleepIdle(std::unique_lock<std::mutex>& lock);
   // Arms the active pairs and the wake-up descriptor, gives progress one more chance,
   // then sleeps in poll() with mutex_ released. Returns whether that last pass moved.
   bool sleepInPoll(std::unique_lock<std::mutex>& lock, Completions* done);
@@ -346,6 +358,11 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   bool shutDown_ = false;
   enum class ThreadState { kRunning, kIdle, kPolling } threadState_ = ThreadState::kRunning;
   bool wakeSignalled_ = false;  // a byte is in wakeFd_ since the thread last drained it
+  bool idleTimed_ = false;      // the idle thread wakes by itself within kHandOffDelay
+  // The thread leaves pending operations to their waiters until handOffAt_; it lingers in
+  // timed sleeps until lingerUntil_.
+  net::Clock::time_point handOffAt_{};
+  net::Clock::time_point lingerUntil_{};
   std::thread thread_;
   std::shared_ptr<std::atomic<bool>> engineAlive_;  // cleared if destroyed on the thread
 };
