@@ -113,3 +113,86 @@ def algorithm_choice(rank: int, world_size: int, port: int) -> dict:
     ringtree.barrier()  # nothing was sent by the refused calls: the group still works
     ringtree.destroy_process_group()
     return {"results": results, "errors": errors}
+
+
+def work_results_and_futures(rank: int, world_size: int, port: int) -> dict:
+    """Work.result() / get_future() / synchronize() for async collectives and p2p at 2
+    ranks; returns what failed (empty when everything held)."""
+    import torch
+
+    store = ringtree.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=20))
+    ringtree.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=20))
+    peer = 1 - rank
+    failures = []
+
+    def check(name, condition):
+        if not condition:
+            failures.append(name)
+
+    # The future completes without wait(): DDP only ever waits on the future.
+    t = torch.full((4,), float(rank + 1))
+    work = ringtree.all_reduce(t, async_op=True)
+    future = work.get_future()
+    check("get_future returns one Future", work.get_future() is future)
+    deadline = time.monotonic() + 10
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    check("completed without wait()", future.done())
+    value = future.wait()
+    check("all_reduce value is [tensor]", len(value) == 1 and value[0] is t and t.tolist() == [3.0] * 4)
+    check("result() is the same list", work.result() == [t] and work.result()[0] is t)
+    check("synchronize() returns None", work.synchronize() is None)
+    check("then() chains", ringtree.all_reduce(torch.ones(2), async_op=True).get_future()
+          .then(lambda f: f.value()[0] * 2).wait().tolist() == [4.0, 4.0])
+
+    outs = [torch.zeros(2) for _ in range(world_size)]
+    work = ringtree.all_gather(outs, torch.full((2,), float(rank)), async_op=True)
+    work.wait()
+    check("all_gather result is the output list", work.result() == outs and work.result()[1] is outs[1])
+    gather_list = [torch.zeros(1) for _ in range(world_size)] if rank == 0 else None
+    work = ringtree.gather(torch.ones(1), gather_list, dst=0, async_op=True)
+    check("gather value", work.get_future().wait() == (gather_list if rank == 0 else []))
+    check("barrier value is []", ringtree.barrier(async_op=True).get_future().wait() == [])
+    single = torch.zeros(2)
+    work = ringtree.all_to_all_single(single, torch.ones(2), async_op=True)
+    check("all_to_all_single value is [output]", work.get_future().wait()[0] is single)
+    check("sync call returns None", ringtree.all_reduce(torch.ones(1)) is None)
+
+    # Point-to-point: supported (gloo raises "not implemented" for both).
+    received = torch.zeros(3)
+    if rank == 0:
+        pending = ringtree.irecv(received, peer)
+        try:
+            pending.result()
+            check("result() before completion raises", False)
+        except RuntimeError as exc:
+            check("result() message", "Work needs to be completed before calling result()" in str(exc))
+        ringtree.barrier()
+        check("irecv future value", pending.get_future().wait()[0] is received and received.tolist() == [7.0] * 3)
+    else:
+        ringtree.barrier()
+        sent = torch.full((3,), 7.0)
+        check("isend future value", ringtree.isend(sent, peer).get_future().wait()[0] is sent)
+    ops = [ringtree.P2POp(ringtree.isend, torch.ones(1), peer), ringtree.P2POp(ringtree.irecv, torch.zeros(1), peer)]
+    works = ringtree.batch_isend_irecv(ops)
+    check("batch works carry their tensors",
+          [w.get_future().wait()[0] for w in works] == [op.tensor for op in ops])
+
+    # A failed operation fails its future with the operation's error.
+    if rank == 0:
+        work = ringtree.irecv(torch.zeros(5), peer, tag=9)  # the peer sends 2 elements
+        try:
+            work.get_future().wait()
+            check("failed future raises", False)
+        except Exception as exc:  # noqa: BLE001 - the type is checked
+            check(f"failed future raises the mismatch ({type(exc).__name__})",
+                  isinstance(exc, ringtree.CollectiveMismatchError) or "CollectiveMismatchError" in repr(exc))
+            check("work.exception() is set", work.exception() is not None)
+    else:
+        try:
+            ringtree.isend(torch.zeros(2), peer, tag=9).wait()
+        except ringtree.CollectiveMismatchError:
+            pass
+    ringtree.destroy_process_group()
+    return {"failures": failures}

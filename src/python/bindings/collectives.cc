@@ -105,6 +105,24 @@ void destroyProcessGroup(ProcessGroup* group) {
   }
 }
 
+// A Python object owned by C++ code that may drop it on a thread without the GIL: the
+// destructor takes the GIL to release it (or leaks it while the interpreter shuts down).
+struct ObjectHeldOffThread {
+  explicit ObjectHeldOffThread(py::object held) : object(std::move(held)) {}
+  ObjectHeldOffThread(const ObjectHeldOffThread&) = delete;
+  ObjectHeldOffThread& operator=(const ObjectHeldOffThread&) = delete;
+  ~ObjectHeldOffThread() {
+    if (!object) return;
+    if (pythonIsFinalizing()) {
+      object.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+  py::object object;
+};
+
 // The `algorithm=` keyword of the Python collectives: None keeps the automatic choice.
 Algorithm parseAlgorithmArgument(py::handle algorithm) {
   if (algorithm.is_none()) {
@@ -711,7 +729,7 @@ py::object allgatherCoalesced(ProcessGroup& group, py::handle outputLists, py::h
 }  // namespace
 
 void initCollectives(py::module_& m) {
-  py::class_<Work, std::shared_ptr<Work>>(m, "Work", R"(Handle of an asynchronous collective (async_op=True) or
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work", py::dynamic_attr(), R"(Handle of an asynchronous collective (async_op=True) or
 point-to-point operation (isend, irecv, batch_isend_irecv).
 
 wait(timeout) blocks until it finished (timeout: timedelta, 0 = no limit), returns True,
@@ -732,6 +750,26 @@ the work completed.)")
       .def(
           "exception", [](const Work& work) { return toPythonException(work.exception()); },
           "The collective's error as an exception object; None while it runs or if it succeeded.")
+      .def(
+          "_add_done_callback",
+          [](Work& work, py::function callback) {
+            // The callback runs on the thread that finishes the Work (or here, at once, if it
+            // already finished), with the GIL taken there, and is dropped under the GIL.
+            auto held = std::make_shared<ObjectHeldOffThread>(std::move(callback));
+            work.addCallback([held](Work& finished) {
+              if (pythonIsFinalizing()) return;
+              py::gil_scoped_acquire gil;
+              py::object function = std::move(held->object);
+              try {
+                function(toPythonException(finished.exception()));
+              } catch (py::error_already_set& error) {
+                error.discard_as_unraisable("ringtree.Work done callback");
+              }
+            });
+          },
+          py::arg("callback"),
+          "Calls callback(error) once the operation finished (error: its exception, None on success), on the "
+          "thread that finishes it, or at once if it already finished (private API).")
       .def("__repr__", [](const Work& work) {
         const char* state = !work.isCompleted() ? "pending" : (work.isSuccess() ? "completed" : "failed");
         return std::string("<ringtree.Work ") + work.opName() + " " + state + ">";

@@ -134,7 +134,10 @@ def all_reduce(
     elif _rank_not_in_group(group):
         _warn_not_in_group("all_reduce")
         return None
-    return group._engine.allreduce(tensor, op, async_op, algorithm)
+    work = group._engine.allreduce(tensor, op, async_op, algorithm)
+    if work is not None:  # async: the tensors for Work.result()/get_future() (work.py)
+        work._outputs = [tensor]
+    return work
 
 
 def broadcast(
@@ -175,7 +178,10 @@ def broadcast(
         _warn_not_in_group("broadcast")
         return None
     root = _group_rank(group, src, group_src, "src")
-    return group._engine.broadcast(tensor, root, async_op, algorithm)
+    work = group._engine.broadcast(tensor, root, async_op, algorithm)
+    if work is not None:
+        work._outputs = [tensor]
+    return work
 
 
 def reduce(
@@ -216,7 +222,10 @@ def reduce(
         _warn_not_in_group("reduce")
         return None
     root = _group_rank(group, dst, group_dst, "dst")
-    return group._engine.reduce(tensor, root, op, async_op, algorithm)
+    work = group._engine.reduce(tensor, root, op, async_op, algorithm)
+    if work is not None:
+        work._outputs = [tensor]
+    return work
 
 
 def barrier(
@@ -248,7 +257,10 @@ def barrier(
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout).__name__}")
-    return group._engine.barrier(timeout, async_op)
+    work = group._engine.barrier(timeout, async_op)
+    if work is not None:
+        work._outputs = []
+    return work
 
 
 # --- The gather/scatter family --------------------------------------------------------------
@@ -304,7 +316,10 @@ def all_gather(
     pg = _member_group(group, "all_gather")
     if pg is None:
         return None
-    return pg._engine.allgather(tensor_list, tensor, async_op, algorithm)
+    work = pg._engine.allgather(tensor_list, tensor, async_op, algorithm)
+    if work is not None:
+        work._outputs = tensor_list
+    return work
 
 
 def all_gather_single(
@@ -337,7 +352,10 @@ def all_gather_single(
     pg = _member_group(group, "all_gather_single")
     if pg is None:
         return None
-    return pg._engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
+    work = pg._engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
+    if work is not None:
+        work._outputs = [output_tensor]
+    return work
 
 
 def all_gather_into_tensor(
@@ -397,7 +415,10 @@ def gather(
         return None
     root = _root_rank(pg, dst, group_dst, "dst")
     _check_root_list(pg.rank() == root, gather_list, "gather_list", "destination")
-    return pg._engine.gather(tensor, gather_list, root, async_op, algorithm)
+    work = pg._engine.gather(tensor, gather_list, root, async_op, algorithm)
+    if work is not None:
+        work._outputs = gather_list if root == pg.rank() else []
+    return work
 
 
 def scatter(
@@ -435,7 +456,10 @@ def scatter(
         return None
     root = _root_rank(pg, src, group_src, "src")
     _check_root_list(pg.rank() == root, scatter_list, "scatter_list", "source")
-    return pg._engine.scatter(tensor, scatter_list, root, async_op, algorithm)
+    work = pg._engine.scatter(tensor, scatter_list, root, async_op, algorithm)
+    if work is not None:
+        work._outputs = [tensor]
+    return work
 
 
 def reduce_scatter(
@@ -470,7 +494,10 @@ def reduce_scatter(
     pg = _member_group(group, "reduce_scatter")
     if pg is None:
         return None
-    return pg._engine.reduce_scatter(output, input_list, op, async_op, algorithm)
+    work = pg._engine.reduce_scatter(output, input_list, op, async_op, algorithm)
+    if work is not None:
+        work._outputs = [output]
+    return work
 
 
 def reduce_scatter_single(
@@ -504,7 +531,10 @@ def reduce_scatter_single(
     pg = _member_group(group, "reduce_scatter_single")
     if pg is None:
         return None
-    return pg._engine.reduce_scatter_single(output, input, op, async_op, algorithm)
+    work = pg._engine.reduce_scatter_single(output, input, op, async_op, algorithm)
+    if work is not None:
+        work._outputs = [output]
+    return work
 
 
 def reduce_scatter_tensor(
@@ -567,7 +597,10 @@ def all_to_all(
     pg = _member_group(group, "all_to_all")
     if pg is None:
         return None
-    return pg._engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
+    work = pg._engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
+    if work is not None:
+        work._outputs = output_tensor_list
+    return work
 
 
 def _split_sizes(split_sizes: Sequence[int] | None, name: str) -> list[int] | None:
@@ -616,7 +649,7 @@ def all_to_all_single(
     pg = _member_group(group, "all_to_all_single")
     if pg is None:
         return None
-    return pg._engine.alltoall_single(
+    work = pg._engine.alltoall_single(
         output,
         input,
         _split_sizes(output_split_sizes, "output") if output_split_sizes else None,
@@ -624,6 +657,9 @@ def all_to_all_single(
         async_op,
         algorithm,
     )
+    if work is not None:
+        work._outputs = [output]
+    return work
 
 
 # --- Coalesced ------------------------------------------------------------------------------
@@ -663,7 +699,10 @@ def all_reduce_coalesced(
         return None
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
-    return pg._engine.allreduce_coalesced(tensors, op, async_op)
+    work = pg._engine.allreduce_coalesced(tensors, op, async_op)
+    if work is not None:
+        work._outputs = tensors
+    return work
 
 
 def all_gather_coalesced(
@@ -700,4 +739,7 @@ def all_gather_coalesced(
     pg = _member_group(group, "all_gather_coalesced")
     if pg is None:
         return None
-    return pg._engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)
+    work = pg._engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)
+    if work is not None:
+        work._outputs = [tensor for outputs in output_tensor_lists for tensor in outputs]
+    return work

@@ -85,7 +85,9 @@ def isend(
     pg = _member_group(group, "isend")
     if pg is None:
         return None
-    return pg._p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
+    work = pg._p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
+    work._outputs = [tensor]
+    return work
 
 
 def irecv(
@@ -116,7 +118,9 @@ def irecv(
     if pg is None:
         return None
     peer = _source(pg, src, group_src)
-    return pg._p2p.irecv(tensor, peer, tag)
+    work = pg._p2p.irecv(tensor, peer, tag)
+    work._outputs = [tensor]
+    return work
 
 
 def send(
@@ -245,7 +249,9 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     if not all(p2p_op.group is group for p2p_op in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
     engine = group._p2p
-    return [
-        (engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag)
-        for p2p_op in p2p_op_list
-    ]
+    works = []
+    for p2p_op in p2p_op_list:
+        work = (engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag)
+        work._outputs = [p2p_op.tensor]
+        works.append(work)
+    return works
