@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -695,6 +696,54 @@ TEST(GatherScatterFamily, RunsThroughProcessGroup) {
     EXPECT_TRUE(allreduceWork->isSuccess());
     EXPECT_EQ(total, 0 + 1 + 2);
     EXPECT_EQ(reduced, std::vector<int32_t>(counts[rank], 0 + 1 + 2));
+  });
+}
+
+// Work::wait() without a timeout runs the queued operations up to its own on the waiting
+// thread when the worker has not taken them (a group owned by a shared_ptr); a bounded
+// wait() never starts one. Either way they run once each, in submission order.
+TEST(GatherScatterFamily, WaitRunsQueuedOperationsOnTheWaitingThread) {
+  constexpr int kRanks = 2;
+  constexpr int kCalls = 100;
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(kRanks, [&](int rank) {
+    const auto group =
+        std::make_shared<ProcessGroup>(Communicator::create(store, rank, kRanks, test::testOptions(TransportKind::kShm)));
+    std::vector<int> order;
+    std::atomic<int> ranHere{0};
+    int32_t value = 0;
+    const auto submit = [&](int index) {
+      return group->runAsync("allreduce", [&, index] {
+        order.push_back(index);  // one operation at a time: no lock needed
+        value = rank + 1;
+        allreduce(group->communicator(), &value, 1, DataType::kInt32);
+      });
+    };
+    const std::thread::id self = std::this_thread::get_id();
+    for (int i = 0; i < kCalls; ++i) {  // each pair: a barrier, then an allreduce waited for
+      const auto first = group->runAsync("barrier", [&, i] {
+        order.push_back(2 * i);
+        if (std::this_thread::get_id() == self) ++ranHere;
+        barrier(group->communicator());
+      });
+      const auto second = submit(2 * i + 1);
+      EXPECT_TRUE(second->wait());  // runs `first` too when still queued
+      EXPECT_TRUE(first->isSuccess());
+      EXPECT_EQ(value, 1 + 2);
+    }
+    EXPECT_GT(ranHere.load(), 0) << "no wait() ran its operations on the waiting thread";
+    std::atomic<int> boundedHere{0};
+    for (int i = 0; i < 20; ++i) {
+      const auto work = group->runAsync("barrier", [&] {
+        if (std::this_thread::get_id() == self) ++boundedHere;
+        barrier(group->communicator());
+      });
+      EXPECT_TRUE(work->wait(std::chrono::milliseconds(20000)));
+    }
+    EXPECT_EQ(boundedHere.load(), 0) << "a bounded wait() started an operation";
+    std::vector<int> expected(2 * kCalls);
+    for (int i = 0; i < 2 * kCalls; ++i) expected[i] = i;
+    EXPECT_EQ(order, expected);
   });
 }
 

@@ -1,5 +1,7 @@
 #include <ringtree/process_group.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -88,6 +90,13 @@ void ProcessGroup::startWorkerLocked() {
 std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<void()> operation,
                                            std::shared_ptr<void> keepAlive) {
   auto work = std::make_shared<Work>(opName, std::move(keepAlive));
+  std::weak_ptr<ProcessGroup> group = weak_from_this();
+  if (!group.expired()) {
+    work->setProgressDriver([group = std::move(group), target = work.get()](Work::Deadline deadline) {
+      if (deadline != Work::Deadline::max()) return;  // a bounded wait() must not start an operation
+      if (const auto alive = group.lock()) alive->runQueuedUpTo(target);
+    });
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (shutdown_) {
     throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
@@ -104,24 +113,41 @@ void ProcessGroup::workerLoop() {
     if (queue_.empty()) {
       return;  // shut down and drained
     }
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      task.run();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    task.run = nullptr;
-    lock.lock();
-    busy_ = false;  // before finish(): a caller woken by it finds the group idle
-    stateCv_.notify_all();
-    lock.unlock();
-    task.work->finish(error);
-    task.work.reset();
-    lock.lock();
+    runFront(lock);
+  }
+}
+
+void ProcessGroup::runFront(std::unique_lock<std::mutex>& lock) {
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  busy_ = true;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    task.run();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  task.run = nullptr;
+  lock.lock();
+  busy_ = false;  // before finish(): a caller woken by it finds the group idle
+  stateCv_.notify_all();
+  lock.unlock();
+  task.work->finish(error);
+  task.work.reset();
+  lock.lock();
+}
+
+void ProcessGroup::runQueuedUpTo(const Work* target) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (busy_) return;  // the worker (or an inline call) runs one: it also runs target's
+    const auto queued = std::find_if(queue_.begin(), queue_.end(),
+                                     [target](const Task& task) { return task.work.get() == target; });
+    if (queued == queue_.end()) return;  // taken by another thread, or dropped by abort()
+    const bool last = queued == queue_.begin();
+    runFront(lock);
+    if (last) return;
   }
 }
 

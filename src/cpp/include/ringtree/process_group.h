@@ -41,9 +41,14 @@ namespace ringtree {
 // operation fails at once.
 //
 // Threading: every member function may be called from any thread. Nothing else may use
-// the communicator while the group exists. Work callbacks run on the worker and must not
-// drop the last reference to the ProcessGroup.
-class RINGTREE_API ProcessGroup {
+// the communicator while the group exists. Work callbacks run on the thread that ran the
+// operation and must not drop the last reference to the ProcessGroup.
+//
+// A Work::wait() without a timeout on a group owned by a std::shared_ptr runs the queued
+// operations up to its own on the waiting thread when the worker has not taken them yet
+// (in submission order, one at a time, as the worker would), which spares two thread
+// wake-ups; otherwise it sleeps until the worker finished its operation.
+class RINGTREE_API ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
   explicit ProcessGroup(std::shared_ptr<Communicator> communicator);
   // shutdown().
@@ -126,6 +131,12 @@ class RINGTREE_API ProcessGroup {
   // Starts the worker on first use and wakes it; mutex_ held.
   void startWorkerLocked();
   void workerLoop();
+  // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
+  // return, released while the task runs and while its Work finishes).
+  void runFront(std::unique_lock<std::mutex>& lock);
+  // Work::wait()'s progress driver: runs the queued tasks up to and including `target`'s
+  // on the calling thread, while no other thread runs one and target is still queued.
+  void runQueuedUpTo(const Work* target);
   void checkRoot(const char* opName, int root) const;
 
   std::shared_ptr<Communicator> communicator_;

@@ -29,7 +29,8 @@ class RINGTREE_API Work {
   // about to call finish()), once the deadline passed, or at once when this thread
   // cannot drive it; wait() then sleeps until finish() as it would without one. It may
   // finish this and other Works on the calling thread. Must not throw.
-  using ProgressDriver = std::function<void(std::chrono::steady_clock::time_point deadline)>;
+  using Deadline = std::chrono::steady_clock::time_point;
+  using ProgressDriver = std::function<void(Deadline deadline)>;
 
   // A pending Work for the operation named `opName` (a string literal: "allreduce", ...,
   // used in messages). `keepAlive` is held until the operation finishes and released
