@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._C import ANY_SOURCE, Work
+from ._world import world
 from .collectives import _default_group, _group_rank, _member_group
 from .process_group import ProcessGroup, _rank_not_in_group, get_rank
 
@@ -82,6 +83,13 @@ def isend(
         A distributed request object (its ``wait()`` returns once ``tensor`` may be
         reused). None, if not part of the group.
     """
+    if group is None and group_dst is None:  # the common call, as in send()
+        pg = world.default_pg
+        peer = None if pg is None else pg._group_ranks.get(dst)
+        if peer is not None and peer != pg._rank:
+            work = pg._p2p.isend(tensor, peer, tag)
+            work._outputs = [tensor]
+            return work
     pg = _member_group(group, "isend")
     if pg is None:
         return None
@@ -114,6 +122,13 @@ def irecv(
     Returns:
         A distributed request object. None, if not part of the group.
     """
+    if group is None and group_src is None and src is not None:  # the common call, as in send()
+        pg = world.default_pg
+        peer = None if pg is None else pg._group_ranks.get(src)
+        if peer is not None and peer != pg._rank:
+            work = pg._p2p.irecv(tensor, peer, tag)
+            work._outputs = [tensor]
+            return work
     pg = _member_group(group, "irecv")
     if pg is None:
         return None
@@ -142,6 +157,12 @@ def send(
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
     """
+    if group is None and group_dst is None:  # the common call, without the helpers' calls
+        pg = world.default_pg
+        peer = None if pg is None else pg._group_ranks.get(dst)
+        if peer is not None and peer != pg._rank:
+            pg._p2p.send(tensor, peer, tag)
+            return
     pg = _member_group(group, "send")
     if pg is None:
         return
@@ -172,6 +193,11 @@ def recv(
     Returns:
         The sender's global rank; -1, if not part of the group.
     """
+    if group is None and group_src is None and src is not None:  # the common call, as in send()
+        pg = world.default_pg
+        peer = None if pg is None else pg._group_ranks.get(src)
+        if peer is not None and peer != pg._rank:
+            return pg._ranks[pg._p2p.recv(tensor, peer, tag)]
     pg = _member_group(group, "recv")
     if pg is None:
         return -1
