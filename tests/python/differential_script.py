@@ -83,6 +83,38 @@ def all_reduce_async(dist, rank, n):
     return {"a": a, "b": b, "completed": [work.is_completed() for work in works]}
 
 
+def async_results_and_futures(dist, rank, n):
+    """Work.result() and Work.get_future() values of async collectives. Left out:
+    all_gather_single (gloo's future holds its per-rank chunks, ringtree's [output]) and
+    reduce_scatter (gloo's Work has no future: "Work::getFuture not implemented")."""
+    out = {}
+    t = values(rank, 6, torch.float32)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(t, async_op=True),
+        "broadcast": lambda: dist.broadcast(t, src=n - 1, async_op=True),
+        "reduce": lambda: dist.reduce(t.clone(), dst=0, async_op=True),
+        "all_gather": lambda: dist.all_gather([torch.zeros(6) for _ in range(n)], t, async_op=True),
+        "gather": lambda: dist.gather(t, [torch.zeros(6) for _ in range(n)] if rank == 0 else None, dst=0,
+                                      async_op=True),
+        "scatter": lambda: dist.scatter(torch.zeros(6), [t + r for r in range(n)] if rank == 0 else None, src=0,
+                                        async_op=True),
+        "all_to_all": lambda: dist.all_to_all([torch.zeros(2) for _ in range(n)],
+                                              [t[:2] + r for r in range(n)], async_op=True),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.zeros(2 * n), t[:1].repeat(2 * n),
+                                                            async_op=True),
+        "barrier": lambda: dist.barrier(async_op=True),
+    }
+    for name, call in calls.items():
+        work = call()
+        value = work.get_future().wait()
+        work.wait()  # gloo may complete the future before the Work, and result() needs the Work
+        out[name] = {"future": [v.clone() for v in value], "result": [v.clone() for v in work.result()]}
+        if name == "reduce" and rank != 0:  # see reduce(): only the destination's buffer is specified
+            out[name] = {"future": len(value), "result": len(work.result())}
+    out["then"] = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2).wait()
+    return out
+
+
 def broadcast(dist, rank, n):
     out = {}
     for src in range(n):
@@ -355,6 +387,7 @@ CASES = {
     "all_reduce_bxor": reduce_op_case("BXOR", INT_DTYPES, bitwise=True),
     "all_reduce_random_float": all_reduce_random_float,
     "all_reduce_async": all_reduce_async,
+    "async_results_and_futures": async_results_and_futures,
     "broadcast": broadcast,
     "reduce": reduce,
     "all_gather": all_gather,
