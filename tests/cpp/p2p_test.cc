@@ -33,6 +33,7 @@
 
 #include "common/socket.h"
 #include "communicator_impl.h"
+#include "p2p/engine.h"
 #include "harness/process_harness.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
@@ -357,6 +358,7 @@ TEST_P(P2pTest, OperationsNobodyWaitsForFinishOnTheProgressThread) {
     if (rank == 0) {
       const std::vector<int32_t> out = values(kHugeCount, 5);
       EXPECT_TRUE(finishesUnwaited(send(p2p, out, 1, 1)));  // the peer blocks in recv
+      std::this_thread::sleep_for(2 * detail::PointToPointEngine::kIdleLinger);  // the idle thread sleeps untimed
       std::vector<int32_t> in(kHugeCount);
       const auto received = recv(p2p, in, 1, 2);
       EXPECT_TRUE(finishesUnwaited(received));  // the peer blocks in send
@@ -677,6 +679,48 @@ TEST_P(P2pTest, WaitDrivesSendRecvExchangesOnTheWaitingThread) {
       EXPECT_GT(completedByWaiter, 0) << "rank " << rank << " of " << size;
     });
   }
+}
+
+// A Work's callback that runs on a thread driving another Work of the same peer (in its
+// wait()) may make a blocking call with that peer: the driver lets go of the peer while
+// callbacks run, so the progress thread can serve the blocking call. On the progress
+// thread itself blocking calls are refused (it could wait for itself); that case is
+// counted and finished by the test instead.
+TEST_P(P2pTest, BlockingCallInACallbackOfADrivenPeer) {
+  constexpr int kRounds = 10;
+  std::atomic<int> posted{0};
+  std::atomic<int> servedOnDriver{0};
+  runEngines(2, GetParam(), [&](int rank, PointToPoint& p2p) {
+    for (int round = 0; round < kRounds; ++round) {
+      const int tag = 3 * round;
+      if (rank == 1) {
+        while (posted.load() <= round) std::this_thread::yield();
+        for (const int offset : {0, 2, 1}) blockingSend(p2p, values(2, static_cast<uint32_t>(tag + offset)), 0, tag + offset);
+        continue;
+      }
+      std::vector<int32_t> first(2), inner(2), second(2);
+      std::atomic<bool> innerDone{false};
+      const auto firstWork = recv(p2p, first, 1, tag);
+      firstWork->addCallback([&](Work&) {
+        try {
+          blockingRecv(p2p, inner, 1, tag + 2);
+          ++servedOnDriver;
+          innerDone = true;
+        } catch (const InvalidArgument&) {
+          // On the progress thread: done below.
+        }
+      });
+      const auto secondWork = recv(p2p, second, 1, tag + 1);
+      posted = round + 1;
+      secondWork->wait();
+      firstWork->wait();
+      if (!innerDone) blockingRecv(p2p, inner, 1, tag + 2);
+      EXPECT_EQ(first, values(2, static_cast<uint32_t>(tag)));
+      EXPECT_EQ(inner, values(2, static_cast<uint32_t>(tag + 2)));
+      EXPECT_EQ(second, values(2, static_cast<uint32_t>(tag + 1)));
+    }
+  });
+  EXPECT_GT(servedOnDriver.load(), 0) << "no callback ran on the driving thread";
 }
 
 TEST_P(P2pTest, WorksWaitedFromOtherThreads) {

@@ -203,7 +203,7 @@ std::shared_ptr<Work> PointToPointEngine::isend(const void* data, size_t count, 
   {
     const auto lock = lockForCaller();
     refuseCall("isend", /*receive=*/false, peer, /*blocking=*/false);
-    const bool firstPending = pendingOperations_ == 0;
+    const bool firstPending = !anyActivePeer();
     postSend(std::move(owner), "isend", data, bytes, count, type, peer, tag, &done);
     if (pendingOperations_ > 0) handOffLater(firstPending);
   }
@@ -220,7 +220,7 @@ std::shared_ptr<Work> PointToPointEngine::irecv(void* data, size_t count, DataTy
   {
     const auto lock = lockForCaller();
     refuseCall("irecv", /*receive=*/true, peer, /*blocking=*/false);
-    const bool firstPending = pendingOperations_ == 0;
+    const bool firstPending = !anyActivePeer();
     postReceive(std::make_shared<Receive>(Receive{std::move(owner), "irecv", peer, tag, type, count,
                                                   static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
                                                   net::deadlineAfter(timeout_)}),
@@ -343,11 +343,11 @@ void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, in
                                           Completions* done, net::Deadline until) noexcept {
   if (call.completed) return;
   if (claim == kNoClaim) {
-    startThreadIfNeeded();
-    wakeThread();
+    handOffNow();  // the call waits for the thread: no hand-off delay
     return;
   }
   setClaimer(claim, &call);
+  bool claimed = true;
   Backoff backoff(kSpinTime);
   for (;;) {
     bool moved = progressClaimed(claim, done);
@@ -358,19 +358,36 @@ void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, in
       backoff.restart();
     }
     if (call.completed || (until != net::kNoDeadline && Clock::now() >= until)) break;
-    // Other threads get their turn, and Works this pass completed their callbacks.
+    // Other threads get their turn, and Works this pass completed their callbacks. The
+    // claim is let go while callbacks run: one may make a blocking call with these peers,
+    // which then waits for the progress thread (that thread skips claimed peers).
+    if (!done->empty()) {
+      setClaimer(claim, nullptr);
+      claimed = false;
+    }
     lock.unlock();
     finishAll(done);
     if (!moved) backoff.pause();
     lock = lockForCaller();
     if (call.completed) break;  // by another thread (shutdown, a deadline, its own pass)
+    if (!claimed) {
+      if (!reclaimable(claim)) break;  // the thread (or another caller) has them: wait for it
+      setClaimer(claim, &call);
+      claimed = true;
+    }
   }
-  setClaimer(claim, nullptr);
-  // Operations other threads posted with the claimed peers meanwhile are the thread's now.
-  if (anyActivePeer()) {
-    startThreadIfNeeded();
-    wakeThread();
+  if (claimed) setClaimer(claim, nullptr);
+  // Operations other threads posted with the claimed peers meanwhile, and what a wait()
+  // that gave up leaves, are the thread's now.
+  if (anyActivePeer()) handOffNow();
+}
+
+bool PointToPointEngine::reclaimable(int claim) const {
+  for (int index = claimBegin(claim); index < claimEnd(claim); ++index) {
+    const Peer& peer = peers_[static_cast<size_t>(index)];
+    if (peer.claimer != nullptr || peer.armed) return false;
   }
+  return true;
 }
 
 bool PointToPointEngine::progressClaimed(int claim, Completions* done) {
@@ -552,6 +569,12 @@ void PointToPointEngine::handOffLater(bool firstPending) {
   // A thread polling other operations' peers would not see these until a wake-up; an idle
   // one in a timed sleep wakes by itself in time.
   if (threadState_ == ThreadState::kPolling || (threadState_ == ThreadState::kIdle && !idleTimed_)) wakeThread();
+}
+
+void PointToPointEngine::handOffNow() {
+  handOffAt_ = Clock::now();
+  startThreadIfNeeded();
+  wakeThread();
 }
 
 void PointToPointEngine::sleepIdle(std::unique_lock<std::mutex>& lock) {

@@ -73,7 +73,9 @@ namespace ringtree::detail {
 // send/recv and waiters of Works that claimed peers make progress under it, releasing it
 // between passes. A pair is armed for poll() by one sleeper at a time (Peer::armed).
 // Works and Waiters are completed, and unexpected messages copied out, after the mutex is
-// released, so that a Work callback may call isend/irecv.
+// released, so that a Work callback may call isend/irecv, and send/recv unless it runs on
+// the progress thread (refused there: it could wait for itself); a claimer lets go of its
+// peers while callbacks run, so that the progress thread can serve such a call.
 class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngine> {
  public:
   // The engine's own communicator: its pairs must carry nothing but this engine's
@@ -333,6 +335,11 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   // For isend/irecv that left operations pending: starts the thread if needed and makes
   // sure it takes them over at handOffAt_ unless a Work::wait() finishes them first.
   void handOffLater(bool firstPending);
+  // Whether a blocking call that let go of `claim` may take it back: no other caller
+  // claimed those peers and the thread does not sleep on them.
+  bool reclaimable(int claim) const;
+  // Makes the thread take every pending operation that no caller drives, at once.
+  void handOffNow();
   // The idle thread's sleep: until the next hand-off, or a linger period, or a wake-up.
   void sleepIdle(std::unique_lock<std::mutex>& lock);
   // Arms the active pairs and the wake-up descriptor, gives progress one more chance,

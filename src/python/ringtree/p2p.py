@@ -16,7 +16,9 @@ to be posted; a larger one waits until the peer posts a matching receive (as wit
 MPI), so two ranks that both block in a large send first wait for each other until the
 timeout: use isend/irecv or batch_isend_irecv for such exchanges. send and recv run on the
 calling thread (no hand-off to the engine's thread) when nothing else is pending with
-that peer.
+that peer. What isend/irecv cannot finish at once, ``Work.wait()`` drives on the waiting
+thread; the engine's thread takes over whatever no wait() finished within 200 µs, so
+operations nobody waits for still complete.
 
 Errors: ``ValueError`` for an invalid peer (not in the group, or this rank itself) or tag
 (negative), raised by the call; ``DistNetworkError`` naming the peer when its connection
