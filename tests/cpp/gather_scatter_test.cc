@@ -747,5 +747,47 @@ TEST(GatherScatterFamily, WaitRunsQueuedOperationsOnTheWaitingThread) {
   });
 }
 
+// Work callbacks run on the worker (or on a waiter) and may use the group: a synchronous
+// call queued behind another operation, and dropping the last reference to the group.
+TEST(GatherScatterFamily, WorkCallbacksMayCallAndDestroyTheGroup) {
+  auto group = std::make_shared<ProcessGroup>(
+      Communicator::create(test::freshStore(), 0, 1, test::testOptions(TransportKind::kShm)));
+  std::atomic<bool> firstStarted{false};
+  std::atomic<bool> secondQueued{false};
+  std::atomic<int> ran{0};
+  auto first = group->runAsync("barrier", [&] {  // on the worker: nobody waits for it
+    firstStarted = true;
+    while (!secondQueued.load()) std::this_thread::yield();  // the second is queued before this ends
+    ++ran;
+  });
+  std::atomic<bool> callbackDone{false};
+  first->addCallback([&](Work&) {
+    group->run("barrier", [&] { ++ran; });  // queued behind `second`: its wait runs the queue
+    callbackDone = true;
+  });
+  while (!firstStarted.load()) std::this_thread::yield();
+  auto second = group->runAsync("barrier", [&] { ++ran; });
+  secondQueued = true;
+  EXPECT_TRUE(second->wait());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!callbackDone.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(callbackDone.load()) << "the synchronous call in the callback never ran";
+  EXPECT_EQ(ran.load(), 3);
+
+  // The last reference dropped inside a callback on the worker: nothing waits for it here.
+  auto owner = std::make_shared<std::shared_ptr<ProcessGroup>>(std::move(group));
+  std::atomic<bool> destroyed{false};
+  auto last = (*owner)->runAsync("barrier", [] {});
+  last->addCallback([owner, &destroyed](Work&) {
+    owner->reset();
+    destroyed = true;
+  });
+  last.reset();
+  owner.reset();  // the callback holds the only reference now
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!destroyed.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(destroyed.load());
+}
+
 }  // namespace
 }  // namespace ringtree

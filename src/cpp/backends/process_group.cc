@@ -33,7 +33,10 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> communicator) : communi
   }
 }
 
-ProcessGroup::~ProcessGroup() { shutdown(); }
+ProcessGroup::~ProcessGroup() {
+  shutdown();
+  alive_->store(false);  // a worker that ran this from a Work callback must not touch *this
+}
 
 void ProcessGroup::checkRoot(const char* opName, int root) const {
   if (root < 0 || root >= size()) {
@@ -63,7 +66,7 @@ void ProcessGroup::runSync(const char* opName, Operation& operation) {
     operation();
     return;
   }
-  auto work = std::make_shared<Work>(opName);
+  auto work = newWork(opName, nullptr);
   queue_.push_back(Task{[&operation] { operation(); }, work});
   startWorkerLocked();
   lock.unlock();
@@ -82,13 +85,12 @@ std::shared_ptr<Work> ProcessGroup::runAsync(const char* opName, std::function<v
 
 void ProcessGroup::startWorkerLocked() {
   if (!worker_.joinable()) {
-    worker_ = std::thread([this] { workerLoop(); });
+    worker_ = std::thread([this, alive = alive_] { workerLoop(*alive); });
   }
   stateCv_.notify_all();
 }
 
-std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<void()> operation,
-                                           std::shared_ptr<void> keepAlive) {
+std::shared_ptr<Work> ProcessGroup::newWork(const char* opName, std::shared_ptr<void> keepAlive) {
   auto work = std::make_shared<Work>(opName, std::move(keepAlive));
   std::weak_ptr<ProcessGroup> group = weak_from_this();
   if (!group.expired()) {
@@ -97,6 +99,12 @@ std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<voi
       if (const auto alive = group.lock()) alive->runQueuedUpTo(target);
     });
   }
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<void()> operation,
+                                           std::shared_ptr<void> keepAlive) {
+  auto work = newWork(opName, std::move(keepAlive));
   std::lock_guard<std::mutex> lock(mutex_);
   if (shutdown_) {
     throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
@@ -106,18 +114,18 @@ std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<voi
   return work;
 }
 
-void ProcessGroup::workerLoop() {
+void ProcessGroup::workerLoop(const std::atomic<bool>& alive) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     stateCv_.wait(lock, [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); });
     if (queue_.empty()) {
       return;  // shut down and drained
     }
-    runFront(lock);
+    if (!runFront(lock, &alive)) return;  // a Work callback destroyed the group
   }
 }
 
-void ProcessGroup::runFront(std::unique_lock<std::mutex>& lock) {
+bool ProcessGroup::runFront(std::unique_lock<std::mutex>& lock, const std::atomic<bool>* alive) {
   Task task = std::move(queue_.front());
   queue_.pop_front();
   busy_ = true;
@@ -135,7 +143,9 @@ void ProcessGroup::runFront(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   task.work->finish(error);
   task.work.reset();
+  if (alive != nullptr && !alive->load()) return false;
   lock.lock();
+  return true;
 }
 
 void ProcessGroup::runQueuedUpTo(const Work* target) {
@@ -146,7 +156,7 @@ void ProcessGroup::runQueuedUpTo(const Work* target) {
                                      [target](const Task& task) { return task.work.get() == target; });
     if (queued == queue_.end()) return;  // taken by another thread, or dropped by abort()
     const bool last = queued == queue_.begin();
-    runFront(lock);
+    runFront(lock, nullptr);  // the driver holds a reference: the group outlives the task
     if (last) return;
   }
 }
@@ -156,6 +166,12 @@ void ProcessGroup::shutdown() {
   shutdown_ = true;
   stateCv_.notify_all();
   std::thread worker = std::move(worker_);
+  if (worker.joinable() && worker.get_id() == std::this_thread::get_id()) {
+    // From a Work callback on the worker: it cannot join itself. It runs what is still
+    // queued here and ends once the callback returns (see ~ProcessGroup).
+    worker.detach();
+    while (!queue_.empty()) runFront(lock, nullptr);
+  }
   if (worker.joinable()) {
     lock.unlock();
     worker.join();
@@ -181,7 +197,13 @@ void ProcessGroup::abort() {
                                                     std::to_string(rank()) +
                                                     " was aborted before it started: its process group was aborted")));
   }
-  if (worker.joinable()) worker.join();
+  if (worker.joinable()) {
+    if (worker.get_id() == std::this_thread::get_id()) {
+      worker.detach();  // from a Work callback on the worker: it ends once the callback returns
+    } else {
+      worker.join();
+    }
+  }
   {
     std::unique_lock<std::mutex> lock(mutex_);
     stateCv_.wait(lock, [this] { return !busy_; });

@@ -42,7 +42,9 @@ namespace ringtree {
 //
 // Threading: every member function may be called from any thread. Nothing else may use
 // the communicator while the group exists. Work callbacks run on the thread that ran the
-// operation and must not drop the last reference to the ProcessGroup.
+// operation; they may submit, shut the group down or drop the last reference to it (the
+// worker then ends when the callback returns), and wait (on the worker, only for a group
+// owned by a std::shared_ptr: see below).
 //
 // A Work::wait() without a timeout on a group owned by a std::shared_ptr runs the queued
 // operations up to its own on the waiting thread when the worker has not taken them yet
@@ -95,7 +97,7 @@ class RINGTREE_API ProcessGroup : public std::enable_shared_from_this<ProcessGro
   // Stops the group: later submissions throw Error. Operations already queued still run,
   // in order (each bounded by its deadline), then the worker thread is joined; returns
   // once nothing runs any more (an inline call on another thread included). Idempotent.
-  // Must not be called from a Work callback.
+  // From a Work callback on the worker it runs what is still queued itself.
   void shutdown();
   bool isShutdown() const;
 
@@ -130,10 +132,15 @@ class RINGTREE_API ProcessGroup : public std::enable_shared_from_this<ProcessGro
                                std::shared_ptr<void> keepAlive);
   // Starts the worker on first use and wakes it; mutex_ held.
   void startWorkerLocked();
-  void workerLoop();
+  void workerLoop(const std::atomic<bool>& alive);
+  // A Work whose unbounded wait() runs the queue up to it (see runQueuedUpTo) when the
+  // group is owned by a std::shared_ptr.
+  std::shared_ptr<Work> newWork(const char* opName, std::shared_ptr<void> keepAlive);
   // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
-  // return, released while the task runs and while its Work finishes).
-  void runFront(std::unique_lock<std::mutex>& lock);
+  // return, released while the task runs and while its Work finishes). Returns false,
+  // with mutex_ not held, when `alive` (the worker's flag) turned false meanwhile: a Work
+  // callback destroyed the group.
+  bool runFront(std::unique_lock<std::mutex>& lock, const std::atomic<bool>* alive);
   // Work::wait()'s progress driver: runs the queued tasks up to and including `target`'s
   // on the calling thread, while no other thread runs one and target is still queued.
   void runQueuedUpTo(const Work* target);
@@ -149,6 +156,8 @@ class RINGTREE_API ProcessGroup : public std::enable_shared_from_this<ProcessGro
   bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
   std::thread worker_;
   std::atomic<uint64_t> inlineCalls_{0};
+  // Cleared by the destructor; the worker checks it after each Work's callbacks.
+  std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
 };
 
 }  // namespace ringtree
