@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -568,6 +569,10 @@ std::vector<Span> splitSpan(const Call& call, const Span& span, const std::optio
   for (int64_t splitRows : *splitSizes) {
     if (splitRows < 0) {
       throw InvalidArgument(prefix + name + "_split_sizes must be non-negative, got " + std::to_string(splitRows));
+    }
+    if (static_cast<size_t>(splitRows) > std::numeric_limits<size_t>::max() - rows) {  // the sum would wrap
+      throw InvalidArgument(prefix + name + "_split_sizes add up to more than " + name + "'s dim 0 (" +
+                            std::to_string(span.rows) + ")");
     }
     std::byte* start = static_cast<std::byte*>(span.data) + rows * rowElements * elementSize(call.type());
     spans.push_back({start, static_cast<size_t>(splitRows) * rowElements, static_cast<size_t>(splitRows)});

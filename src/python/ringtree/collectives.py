@@ -652,8 +652,8 @@ def all_to_all_single(
     work = pg._engine.alltoall_single(
         output,
         input,
-        _split_sizes(output_split_sizes, "output") if output_split_sizes else None,
-        _split_sizes(input_split_sizes, "input") if input_split_sizes else None,
+        _split_sizes(output_split_sizes, "output"),
+        _split_sizes(input_split_sizes, "input"),
         async_op,
         algorithm,
     )
