@@ -70,6 +70,7 @@ void ProcessGroup::runSync(const char* opName, Operation& operation) {
   queue_.push_back(Task{[&operation] { operation(); }, work});
   startWorkerLocked();
   lock.unlock();
+  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
   work->wait();
 }
 
@@ -87,7 +88,6 @@ void ProcessGroup::startWorkerLocked() {
   if (!worker_.joinable()) {
     worker_ = std::thread([this, alive = alive_] { workerLoop(*alive); });
   }
-  stateCv_.notify_all();
 }
 
 std::shared_ptr<Work> ProcessGroup::newWork(const char* opName, std::shared_ptr<void> keepAlive) {
@@ -105,12 +105,15 @@ std::shared_ptr<Work> ProcessGroup::newWork(const char* opName, std::shared_ptr<
 std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<void()> operation,
                                            std::shared_ptr<void> keepAlive) {
   auto work = newWork(opName, std::move(keepAlive));
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (shutdown_) {
-    throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (shutdown_) {
+      throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
+    }
+    queue_.push_back(Task{std::move(operation), work});
+    startWorkerLocked();
   }
-  queue_.push_back(Task{std::move(operation), work});
-  startWorkerLocked();
+  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
   return work;
 }
 

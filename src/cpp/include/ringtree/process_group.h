@@ -130,7 +130,7 @@ class RINGTREE_API ProcessGroup : public std::enable_shared_from_this<ProcessGro
   void runSync(const char* opName, Operation& operation);
   std::shared_ptr<Work> submit(const char* opName, std::function<void()> operation,
                                std::shared_ptr<void> keepAlive);
-  // Starts the worker on first use and wakes it; mutex_ held.
+  // Starts the worker on first use (the caller wakes it after releasing mutex_); mutex_ held.
   void startWorkerLocked();
   void workerLoop(const std::atomic<bool>& alive);
   // A Work whose unbounded wait() runs the queue up to it (see runQueuedUpTo) when the
