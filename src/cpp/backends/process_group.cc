@@ -173,7 +173,11 @@ void ProcessGroup::shutdown() {
     // From a Work callback on the worker: it cannot join itself. It runs what is still
     // queued here and ends once the callback returns (see ~ProcessGroup).
     worker.detach();
-    while (!queue_.empty()) runFront(lock, nullptr);
+    for (;;) {
+      stateCv_.wait(lock, [this] { return !busy_; });  // an inline call on another thread runs first
+      if (queue_.empty()) break;
+      runFront(lock, nullptr);
+    }
   }
   if (worker.joinable()) {
     lock.unlock();
