@@ -421,7 +421,7 @@ TEST(GatherScatterFamily, InvalidArgumentsThrowBeforeAnyDataMoves) {
     GatherOptions badGatherRoot;
     badGatherRoot.root = 2;
     expectInvalid([&] { gather(comm, a.data(), outputs, 4, i32, badGatherRoot); },
-                  "gather: root 2 is not a rank of this group of 2");
+                  "gather: root 2 is not a rank of this group of 2 ranks");
     GatherOptions gatherToMe;
     gatherToMe.root = rank;
     expectInvalid([&] { gather(comm, a.data(), nullptr, 4, i32, gatherToMe); }, "gather: outputs is null");
@@ -436,7 +436,7 @@ TEST(GatherScatterFamily, InvalidArgumentsThrowBeforeAnyDataMoves) {
     ScatterOptions badScatterRoot;
     badScatterRoot.root = -1;
     expectInvalid([&] { scatter(comm, inputs, a.data(), 4, i32, badScatterRoot); },
-                  "scatter: root -1 is not a rank of this group of 2");
+                  "scatter: root -1 is not a rank of this group of 2 ranks");
     ScatterOptions scatterFromMe;
     scatterFromMe.root = rank;
     expectInvalid([&] { scatter(comm, constWithNull, a.data(), 4, i32, scatterFromMe); },

@@ -1054,20 +1054,20 @@ TEST(P2pArguments, AreCheckedBeforeAnythingMoves) {
     EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, kAny, 0), "peer -1"));
     EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, rank, 0), "is this rank"));
     EXPECT_TRUE(contains(isend(&value, 1, DataType::kInt32, peer, -1), "tag -1 is negative"));
-    EXPECT_TRUE(contains(isend(nullptr, 3, DataType::kInt32, peer, 0), "null buffer of 3 elements"));
+    EXPECT_TRUE(contains(isend(nullptr, 3, DataType::kInt32, peer, 0), "buffer is null but should hold 3 elements"));
     EXPECT_FALSE(isend(&value, 1, static_cast<DataType>(99), peer, 0).empty());
     EXPECT_TRUE(contains(isend(&value, SIZE_MAX / 2, DataType::kInt64, peer, 0), "do not fit"));
     EXPECT_TRUE(contains(irecv(&value, 1, DataType::kInt32, -2, 0), "nor kAnySource"));
     EXPECT_TRUE(contains(irecv(&value, 1, DataType::kInt32, rank, 0), "is this rank"));
     EXPECT_TRUE(contains(irecv(&value, 1, DataType::kInt32, kAny, -5), "tag -5 is negative"));
-    EXPECT_TRUE(contains(irecv(nullptr, 2, DataType::kInt32, peer, 0), "null buffer of 2 elements"));
+    EXPECT_TRUE(contains(irecv(nullptr, 2, DataType::kInt32, peer, 0), "buffer is null but should hold 2 elements"));
     // The blocking forms check the same, naming themselves.
     EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.send(&value, 1, DataType::kInt32, 2, 0); }),
                          "send: peer 2 is not a rank of this group [0, 2)"));
     EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.send(&value, 1, DataType::kInt32, rank, 0); }),
                          "is this rank"));
     EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.send(nullptr, 3, DataType::kInt32, peer, 0); }),
-                         "send to rank " + std::to_string(peer) + ": null buffer of 3 elements"));
+                         "send: buffer is null but should hold 3 elements"));
     EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.recv(&value, 1, DataType::kInt32, -2, 0); }),
                          "recv: peer -2 is not a rank of this group [0, 2) nor kAnySource (-1)"));
     EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { p2p.recv(&value, 1, DataType::kInt32, kAny, -5); }),

@@ -416,10 +416,11 @@ TEST(ReduceOpsTest, UnsupportedCombinationsThrowNamingOpAndType) {
     }
     return "";
   };
-  EXPECT_EQ(messageOf(DataType::kComplex64, ReduceOp::kMax), "ReduceOp.MAX is not supported for complex64");
+  EXPECT_EQ(messageOf(DataType::kComplex64, ReduceOp::kMax), "the reduction does not support ReduceOp.MAX on complex64 buffers (complex buffers support SUM, AVG and PREMUL_SUM)");
   EXPECT_EQ(messageOf(DataType::kFloat32, ReduceOp::kBand),
-            "bitwise ReduceOp.BAND needs an integer or bool buffer, got float32");
-  EXPECT_EQ(messageOf(DataType::kBool, ReduceOp::kAvg), "ReduceOp.AVG is not supported for bool");
+            "the reduction does not support ReduceOp.BAND on float32 buffers (bitwise ops need integer or bool "
+            "buffers)");
+  EXPECT_EQ(messageOf(DataType::kBool, ReduceOp::kAvg), "the reduction does not support ReduceOp.AVG on bool buffers (bool buffers support SUM, PRODUCT, MIN, MAX, BAND, BOR and BXOR)");
   EXPECT_THROW(reduceFunction(static_cast<DataType>(kNumDataTypes), ReduceOp::kSum), InvalidArgument);
   EXPECT_THROW(reduceFunction(DataType::kFloat32, static_cast<ReduceOp>(kNumReduceOps)), InvalidArgument);
 }
@@ -772,7 +773,7 @@ TEST(ScaleTest, BoolIsRejected) {
     scale(&flag, 1, DataType::kBool, 2.0);
     ADD_FAILURE() << "scale on bool did not throw";
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "ReduceOp.PREMUL_SUM is not supported for bool");
+    EXPECT_STREQ(e.what(), "the reduction does not support ReduceOp.PREMUL_SUM on bool buffers (bool buffers support SUM, PRODUCT, MIN, MAX, BAND, BOR and BXOR)");
   }
   EXPECT_EQ(flag, 1);
 }
@@ -817,7 +818,7 @@ TEST(DivideTest, BoolAndBadDivisorsAreRejected) {
     divide(&flag, 1, DataType::kBool, 2);
     ADD_FAILURE() << "divide on bool did not throw";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("AVG is not supported for bool"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not support ReduceOp.AVG on bool buffers"), std::string::npos) << e.what();
   }
   float value = 1;
   EXPECT_THROW(divide(&value, 1, DataType::kFloat32, 0), InvalidArgument);

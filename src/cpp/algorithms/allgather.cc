@@ -12,13 +12,13 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
-#include "algorithms/arguments.h"
 #include "algorithms/blocks.h"
 #include "algorithms/common.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -82,9 +82,9 @@ void allgather(Communicator& communicator, const void* input, void* const* outpu
   using namespace algorithms;
   const int n = communicator.size();
   const int rank = communicator.rank();
-  const size_t total = checkedTotal("allgather", "counts", counts, n, type);
-  checkBuffers("allgather", "outputs", outputs, n, counts);
-  checkBuffer("allgather", "input", input, counts[rank]);
+  const size_t total = validation::checkedTotal("allgather", "counts", counts, n, type);
+  validation::checkBuffers("allgather", "outputs", outputs, n, counts);
+  validation::checkBuffer("allgather", "input", input, counts[rank]);
   const size_t es = elementSize(type);
   const Algorithm algorithm = selectAlgorithm(Collective::kAllgather, options.algorithm, total * es, n,
                                               communicator.impl().arena() != nullptr);

@@ -13,6 +13,7 @@
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -127,13 +128,13 @@ void halvingDoublingAllreduce(Call& call, void* buffer, size_t count, const tran
 
 void allreduce(Communicator& communicator, void* buffer, size_t count, DataType type, const AllreduceOptions& options) {
   using namespace algorithms;
-  const ReduceFn fn = reduceFunction(type, options.op);  // throws for unsupported type/op
-  if (buffer == nullptr && count > 0) {
-    throw InvalidArgument("allreduce: null buffer with count " + std::to_string(count));
-  }
+  validation::checkReduceOp("allreduce", type, options.op);
+  validation::checkBuffer("allreduce", "buffer", buffer, count);
+  const ReduceFn fn = reduceFunction(type, options.op);
   const int n = communicator.size();
-  const Algorithm algorithm = selectAlgorithm(Collective::kAllreduce, options.algorithm, count * elementSize(type), n,
-                                              communicator.impl().arena() != nullptr);
+  const Algorithm algorithm =
+      selectAlgorithm(Collective::kAllreduce, options.algorithm, validation::checkedBytes("allreduce", count, type), n,
+                      communicator.impl().arena() != nullptr);
   runCall(communicator, Collective::kAllreduce, algorithm, type, options.op, count, -1, options.timeout,
           [&](Call& call) {
             if (options.op == ReduceOp::kPremulSum) {

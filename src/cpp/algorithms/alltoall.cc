@@ -10,12 +10,12 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
-#include "algorithms/arguments.h"
 #include "algorithms/batch.h"
 #include "algorithms/common.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -24,10 +24,10 @@ void alltoall(Communicator& communicator, const void* const* inputs, const size_
   using namespace algorithms;
   const int n = communicator.size();
   const int rank = communicator.rank();
-  const size_t sentBytes = checkedTotal("alltoall", "sendCounts", sendCounts, n, type) * elementSize(type);
-  checkedTotal("alltoall", "recvCounts", recvCounts, n, type);
-  checkBuffers("alltoall", "inputs", inputs, n, sendCounts);
-  checkBuffers("alltoall", "outputs", outputs, n, recvCounts);
+  const size_t sentBytes = validation::checkedTotal("alltoall", "sendCounts", sendCounts, n, type) * elementSize(type);
+  validation::checkedTotal("alltoall", "recvCounts", recvCounts, n, type);
+  validation::checkBuffers("alltoall", "inputs", inputs, n, sendCounts);
+  validation::checkBuffers("alltoall", "outputs", outputs, n, recvCounts);
   if (sendCounts[rank] != recvCounts[rank]) {
     throw InvalidArgument("alltoall: rank " + std::to_string(rank) + " sends itself " +
                           std::to_string(sendCounts[rank]) + " elements (sendCounts[" + std::to_string(rank) +

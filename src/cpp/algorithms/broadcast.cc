@@ -10,6 +10,7 @@
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -63,14 +64,9 @@ void chainBroadcast(Call& call, void* buffer, size_t bytes, int root, size_t seg
 void broadcast(Communicator& communicator, void* buffer, size_t count, DataType type, const BroadcastOptions& options) {
   using namespace algorithms;
   const int n = communicator.size();
-  if (options.root < 0 || options.root >= n) {
-    throw InvalidArgument("broadcast: root " + std::to_string(options.root) + " is not a rank of this group of " +
-                          std::to_string(n));
-  }
-  if (buffer == nullptr && count > 0) {
-    throw InvalidArgument("broadcast: null buffer with count " + std::to_string(count));
-  }
-  const size_t bytes = count * elementSize(type);
+  validation::checkRoot("broadcast", options.root, n);
+  validation::checkBuffer("broadcast", "buffer", buffer, count);
+  const size_t bytes = validation::checkedBytes("broadcast", count, type);
   const Algorithm algorithm =
       selectAlgorithm(Collective::kBroadcast, options.algorithm, bytes, n, communicator.impl().arena() != nullptr);
   runCall(communicator, Collective::kBroadcast, algorithm, type, ReduceOp::kSum, count, options.root,

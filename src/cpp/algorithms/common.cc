@@ -8,6 +8,7 @@
 
 #include "algorithms/shm_direct.h"
 #include "common/logging.h"
+#include "common/validation.h"
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/peer_status.h"
 
@@ -30,7 +31,6 @@ std::string inCall(const Call& call, const std::string& what) {
   return what + " [in " + description + "]";
 }
 
-std::string timeoutText(std::chrono::milliseconds timeout) { return std::to_string(timeout.count()) + " ms"; }
 
 // How many of its latest calls a rank logs after a timeout or network error.
 constexpr size_t kLoggedCalls = 10;
@@ -280,10 +280,7 @@ Call beginCall(Communicator& communicator, Collective collective, Algorithm algo
     throw Error(std::string(collectiveName(collective)) + " on rank " + std::to_string(comm.rank()) +
                 ": the communicator was aborted");
   }
-  if (timeout.count() < 0) {
-    throw InvalidArgument(std::string(collectiveName(collective)) + ": timeout must be >= 0 ms, got " +
-                          timeoutText(timeout));
-  }
+  validation::checkTimeout(collectiveName(collective), timeout);
   transport::Envelope envelope;
   envelope.sequence = comm.nextSequence();
   envelope.operation = operationCode(collective, algorithm);

@@ -9,12 +9,12 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
-#include "algorithms/arguments.h"
 #include "algorithms/batch.h"
 #include "algorithms/common.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/selection.h"
 #include "algorithms/trees.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -120,11 +120,11 @@ void gather(Communicator& communicator, const void* input, void* const* outputs,
             const GatherOptions& options) {
   using namespace algorithms;
   const int n = communicator.size();
-  checkRoot("gather", options.root, n);
-  const size_t blockBytes = checkedBytes("gather", count, type);
-  const size_t total = checkedBlocksTotal("gather", count, n, type);
-  checkBuffer("gather", "input", input, count);
-  if (communicator.rank() == options.root) checkBuffers("gather", "outputs", outputs, n, nullptr, count);
+  validation::checkRoot("gather", options.root, n);
+  const size_t blockBytes = validation::checkedBytes("gather", count, type);
+  const size_t total = validation::checkedBlocksTotal("gather", count, n, type);
+  validation::checkBuffer("gather", "input", input, count);
+  if (communicator.rank() == options.root) validation::checkBuffers("gather", "outputs", outputs, n, nullptr, count);
   const Algorithm algorithm = selectAlgorithm(Collective::kGather, options.algorithm, total * elementSize(type), n);
   runCall(communicator, Collective::kGather, algorithm, type, ReduceOp::kSum, total, options.root, options.timeout,
           [&](Call& call) {
@@ -142,11 +142,11 @@ void scatter(Communicator& communicator, const void* const* inputs, void* output
              const ScatterOptions& options) {
   using namespace algorithms;
   const int n = communicator.size();
-  checkRoot("scatter", options.root, n);
-  const size_t blockBytes = checkedBytes("scatter", count, type);
-  const size_t total = checkedBlocksTotal("scatter", count, n, type);
-  checkBuffer("scatter", "output", output, count);
-  if (communicator.rank() == options.root) checkBuffers("scatter", "inputs", inputs, n, nullptr, count);
+  validation::checkRoot("scatter", options.root, n);
+  const size_t blockBytes = validation::checkedBytes("scatter", count, type);
+  const size_t total = validation::checkedBlocksTotal("scatter", count, n, type);
+  validation::checkBuffer("scatter", "output", output, count);
+  if (communicator.rank() == options.root) validation::checkBuffers("scatter", "inputs", inputs, n, nullptr, count);
   const Algorithm algorithm = selectAlgorithm(Collective::kScatter, options.algorithm, total * elementSize(type), n);
   runCall(communicator, Collective::kScatter, algorithm, type, ReduceOp::kSum, total, options.root, options.timeout,
           [&](Call& call) {

@@ -11,6 +11,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/trees.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -73,16 +74,13 @@ void ringReduce(Call& call, void* buffer, size_t count, DataType type, const Red
 
 void reduce(Communicator& communicator, void* buffer, size_t count, DataType type, const ReduceOptions& options) {
   using namespace algorithms;
-  const ReduceFn fn = reduceFunction(type, options.op);
   const int n = communicator.size();
-  if (options.root < 0 || options.root >= n) {
-    throw InvalidArgument("reduce: root " + std::to_string(options.root) + " is not a rank of this group of " +
-                          std::to_string(n));
-  }
-  if (buffer == nullptr && count > 0) {
-    throw InvalidArgument("reduce: null buffer with count " + std::to_string(count));
-  }
-  const Algorithm algorithm = selectAlgorithm(Collective::kReduce, options.algorithm, count * elementSize(type), n);
+  validation::checkReduceOp("reduce", type, options.op);
+  validation::checkRoot("reduce", options.root, n);
+  validation::checkBuffer("reduce", "buffer", buffer, count);
+  const ReduceFn fn = reduceFunction(type, options.op);
+  const size_t bytes = validation::checkedBytes("reduce", count, type);
+  const Algorithm algorithm = selectAlgorithm(Collective::kReduce, options.algorithm, bytes, n);
   runCall(communicator, Collective::kReduce, algorithm, type, options.op, count, options.root, options.timeout,
           [&](Call& call) {
             const transport::Accumulate acc{fn, call.elementSize};

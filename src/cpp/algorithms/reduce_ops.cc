@@ -14,6 +14,7 @@
 #include <ringtree/error.h>
 
 #include "algorithms/reduce_kernels.h"
+#include "common/validation.h"
 
 namespace ringtree::algorithms {
 
@@ -91,38 +92,12 @@ const Tables& tables() {
   return instance;
 }
 
-bool isBitwise(ReduceOp op) {
-  return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
-}
-
-void requireValidType(DataType type) {
-  if (static_cast<int>(type) >= kNumDataTypes) {
-    throw InvalidArgument("unknown DataType " + std::to_string(static_cast<int>(type)));
-  }
-}
-
-void requireValid(DataType type, ReduceOp op) {
-  requireValidType(type);
-  if (static_cast<int>(op) >= kNumReduceOps) {
-    throw InvalidArgument("unknown ReduceOp " + std::to_string(static_cast<int>(op)));
-  }
-}
-
-[[noreturn]] void throwUnsupported(DataType type, ReduceOp op) {
-  const std::string opName = std::string("ReduceOp.") + reduceOpName(op);
-  if (isBitwise(op)) {
-    throw InvalidArgument("bitwise " + opName + " needs an integer or bool buffer, got " +
-                          dataTypeName(type));
-  }
-  throw InvalidArgument(opName + " is not supported for " + dataTypeName(type));
-}
+// The name the reduction table's errors give the caller's operation.
+constexpr const char* kTable = "the reduction";
 
 ReduceFn lookUp(const ReduceTable& table, DataType type, ReduceOp op) {
-  requireValid(type, op);
+  validation::checkReduceOp(kTable, type, op);
   const ReduceFn fn = table.fn[static_cast<int>(type)][static_cast<int>(op)];
-  if (fn == nullptr) {
-    throwUnsupported(type, op);
-  }
   return fn;
 }
 
@@ -229,7 +204,7 @@ bool isReduceIsaAvailable(ReduceIsa isa) {
 ReduceIsa bestReduceIsa() { return tables().best; }
 
 void scale(void* data, size_t count, DataType type, double factor) {
-  requireValidType(type);
+  (void)elementSize(type);  // throws for a type outside the enum
   switch (type) {
     case DataType::kFloat16:
       return scaleFloating<HalfCodec>(data, count, factor);
@@ -256,11 +231,11 @@ void scale(void* data, size_t count, DataType type, double factor) {
     case DataType::kBool:
       break;
   }
-  throwUnsupported(type, ReduceOp::kPremulSum);
+  validation::checkReduceOp(kTable, type, ReduceOp::kPremulSum);
 }
 
 void divide(void* data, size_t count, DataType type, int64_t divisor) {
-  requireValidType(type);
+  (void)elementSize(type);  // throws for a type outside the enum
   if (divisor <= 0) {
     throw InvalidArgument("ReduceOp.AVG needs a positive divisor (the number of ranks), got " +
                           std::to_string(divisor));
@@ -291,7 +266,7 @@ void divide(void* data, size_t count, DataType type, int64_t divisor) {
     case DataType::kBool:
       break;
   }
-  throwUnsupported(type, ReduceOp::kAvg);
+  validation::checkReduceOp(kTable, type, ReduceOp::kAvg);
 }
 
 void copyBytes(void* dst, const void* src, size_t bytes) {

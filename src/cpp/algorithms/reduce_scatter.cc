@@ -15,7 +15,6 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
-#include "algorithms/arguments.h"
 #include "algorithms/batch.h"
 #include "algorithms/blocks.h"
 #include "algorithms/common.h"
@@ -23,6 +22,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
@@ -111,15 +111,16 @@ void pairwiseReduceScatter(Call& call, const std::vector<const void*>& inputs, v
 void reduceScatter(Communicator& communicator, const void* const* inputs, void* output, const size_t* counts,
                    DataType type, const ReduceScatterOptions& options) {
   using namespace algorithms;
-  const ReduceFn fn = reduceFunction(type, options.op);  // throws for unsupported type/op
+  validation::checkReduceOp("reduce_scatter", type, options.op);
+  const ReduceFn fn = reduceFunction(type, options.op);
   if (options.op == ReduceOp::kPremulSum) {
     scale(nullptr, 0, type, options.premulFactor);  // throws for a factor the type cannot take
   }
   const int n = communicator.size();
   const int rank = communicator.rank();
-  const size_t total = checkedTotal("reduce_scatter", "counts", counts, n, type);
-  checkBuffers("reduce_scatter", "inputs", inputs, n, counts);
-  checkBuffer("reduce_scatter", "output", output, counts[rank]);
+  const size_t total = validation::checkedTotal("reduce_scatter", "counts", counts, n, type);
+  validation::checkBuffers("reduce_scatter", "inputs", inputs, n, counts);
+  validation::checkBuffer("reduce_scatter", "output", output, counts[rank]);
   const size_t es = elementSize(type);
   const Algorithm algorithm = selectAlgorithm(Collective::kReduceScatter, options.algorithm, total * es, n,
                                               communicator.impl().arena() != nullptr);

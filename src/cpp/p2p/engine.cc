@@ -15,6 +15,7 @@
 
 #include "common/cpu.h"
 #include "common/logging.h"
+#include "common/validation.h"
 #include "communicator_impl.h"
 #include "p2p/wire.h"
 
@@ -31,17 +32,6 @@ constexpr int kAnySource = PointToPoint::kAnySource;
 std::shared_ptr<Communicator> nonNull(std::shared_ptr<Communicator> communicator) {
   if (communicator == nullptr) throw InvalidArgument("PointToPoint: the communicator is null");
   return communicator;
-}
-
-// Payload bytes of count elements of type; throws InvalidArgument for an unknown type or
-// a size that does not fit in size_t.
-size_t payloadBytes(size_t count, DataType type, const char* op) {
-  const size_t element = elementSize(type);
-  if (count > std::numeric_limits<size_t>::max() / element) {
-    throw InvalidArgument(std::string(op) + ": " + std::to_string(count) + " elements of " +
-                          dataTypeName(type) + " do not fit in memory");
-  }
-  return count * element;
 }
 
 }  // namespace
@@ -88,46 +78,21 @@ std::unique_lock<std::mutex> PointToPointEngine::lockForCaller() {
   return lock;
 }
 
-void PointToPointEngine::checkPeer(int peer, bool anySourceAllowed, const char* op) const {
-  if (anySourceAllowed && peer == kAnySource) return;
-  if (peer < 0 || peer >= size_) {
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + op + ": peer " + std::to_string(peer) +
-                          " is not a rank of this group [0, " + std::to_string(size_) + ")" +
-                          (anySourceAllowed ? " nor kAnySource (-1)" : ""));
-  }
-  if (peer == rank_) {
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + op + ": peer " + std::to_string(peer) +
-                          " is this rank; point-to-point messages go to other ranks");
-  }
-}
-
 size_t PointToPointEngine::checkSendArguments(const void* data, size_t count, DataType type, int peer, int tag,
                                               const char* op) const {
-  const size_t bytes = payloadBytes(count, type, op);
-  checkPeer(peer, /*anySourceAllowed=*/false, op);
-  if (tag < 0) {
-    throw InvalidArgument(std::string(op) + " to rank " + std::to_string(peer) + ": tag " + std::to_string(tag) +
-                          " is negative");
-  }
-  if (data == nullptr && count > 0) {
-    throw InvalidArgument(std::string(op) + " to rank " + std::to_string(peer) + ": null buffer of " +
-                          std::to_string(count) + " elements");
-  }
+  const size_t bytes = validation::checkedBytes(op, count, type);
+  validation::checkPeer(op, peer, rank_, size_, /*anySourceAllowed=*/false);
+  validation::checkTag(op, peer, tag, /*receive=*/false);
+  validation::checkBuffer(op, "buffer", data, count);
   return bytes;
 }
 
 size_t PointToPointEngine::checkReceiveArguments(const void* data, size_t count, DataType type, int peer, int tag,
                                                  const char* op) const {
-  const size_t bytes = payloadBytes(count, type, op);
-  checkPeer(peer, /*anySourceAllowed=*/true, op);
-  if (tag < 0) {
-    throw InvalidArgument(std::string(op) + " from " + p2p::peerText(peer) + ": tag " + std::to_string(tag) +
-                          " is negative");
-  }
-  if (data == nullptr && count > 0) {
-    throw InvalidArgument(std::string(op) + " from " + p2p::peerText(peer) + ": null buffer of " +
-                          std::to_string(count) + " elements");
-  }
+  const size_t bytes = validation::checkedBytes(op, count, type);
+  validation::checkPeer(op, peer, rank_, size_, /*anySourceAllowed=*/true);
+  validation::checkTag(op, peer, tag, /*receive=*/true);
+  validation::checkBuffer(op, "buffer", data, count);
   return bytes;
 }
 

@@ -242,7 +242,6 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
                             const char* op) const;
   size_t checkReceiveArguments(const void* data, size_t count, DataType type, int peer, int tag,
                                const char* op) const;
-  void checkPeer(int peer, bool anySourceAllowed, const char* op) const;
 
   // Each below runs with mutex_ held.
   void startThreadIfNeeded();
