@@ -579,7 +579,7 @@ void abortInterruptsABlockedCollective(TransportKind transport) {
     std::string message;
     std::chrono::steady_clock::time_point failedAt;
     std::thread caller([&] {
-      message = test::messageOf<Error>([&] { group.allreduce(data.data(), data.size(), DataType::kFloat32); });
+      message = test::messageOf<Error>([&] { group.allreduce(BufferView(data.data(), data.size())); });
       failedAt = std::chrono::steady_clock::now();
     });
     std::this_thread::sleep_for(300ms);

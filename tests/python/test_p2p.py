@@ -41,7 +41,7 @@ def test_names_are_exported():
 
 def test_engine_lives_with_the_group(world1):
     engine = world1._p2p
-    assert isinstance(engine, dist._C.PointToPoint) and (engine.rank, engine.size) == (0, 1)
+    assert isinstance(engine, dist._C.ProcessGroup) and (engine.rank, engine.size) == (0, 1)
     dist.destroy_process_group()
     with pytest.raises(dist.DistBackendError, match="has been destroyed"):
         dist.irecv(torch.zeros(1), group=world1)

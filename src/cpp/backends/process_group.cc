@@ -1,283 +1,305 @@
 #include <ringtree/process_group.h>
 
-#include <algorithm>
-#include <chrono>
 #include <string>
 #include <utility>
 
-#include <ringtree/collectives.h>
 #include <ringtree/error.h>
+#include <ringtree/store/prefix_store.h>
 
-#include "communicator_impl.h"
+#include "backends/cpu_backend.h"
+#include "backends/device_registry.h"
+#include "common/validation.h"
 
 namespace ringtree {
 
+std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank, int size,
+                                                   const CommunicatorOptions& options) {
+  if (!store) {
+    throw InvalidArgument("ProcessGroup::create needs a store, got null");
+  }
+  auto collectives = Communicator::create(std::make_shared<PrefixStore>("comm", store), rank, size, options);
+  auto pointToPoint = Communicator::create(std::make_shared<PrefixStore>("p2p", store), rank, size, options);
+  return std::make_shared<ProcessGroup>(std::move(collectives), std::move(pointToPoint), std::move(store));
+}
+
 namespace {
 
-void checkOp(const char* opName, DataType type, ReduceOp op) {
-  if (!isSupported(type, op)) {
-    std::string message = std::string(opName) + " does not support ReduceOp." + reduceOpName(op) + " on " +
-                          dataTypeName(type) + " buffers";
-    if (type == DataType::kComplex64 || type == DataType::kComplex128) {
-      message += " (complex buffers support SUM, AVG and PREMUL_SUM)";
-    }
-    throw InvalidArgument(message);
+std::shared_ptr<Communicator> nonNull(std::shared_ptr<Communicator> communicator) {
+  if (!communicator) {
+    throw InvalidArgument("ProcessGroup needs a communicator, got null");
   }
+  return communicator;
 }
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> communicator) : communicator_(std::move(communicator)) {
-  if (!communicator_) {
-    throw InvalidArgument("ProcessGroup needs a communicator, got null");
+ProcessGroup::ProcessGroup(std::shared_ptr<Communicator> collectives, std::shared_ptr<Communicator> pointToPoint,
+                           std::shared_ptr<Store> store)
+    : store_(std::move(store)) {
+  collectives = nonNull(std::move(collectives));
+  rank_ = collectives->rank();
+  size_ = collectives->size();
+  if (pointToPoint && (pointToPoint->rank() != rank_ || pointToPoint->size() != size_)) {
+    throw InvalidArgument("ProcessGroup: the point-to-point communicator is rank " +
+                          std::to_string(pointToPoint->rank()) + " of " + std::to_string(pointToPoint->size()) +
+                          " but the collective one is rank " + std::to_string(rank_) + " of " + std::to_string(size_));
   }
+  cpu_ = std::make_unique<detail::CpuBackend>(std::move(collectives), std::move(pointToPoint));
 }
 
-ProcessGroup::~ProcessGroup() {
-  shutdown();
-  alive_->store(false);  // a worker that ran this from a Work callback must not touch *this
+ProcessGroup::~ProcessGroup() { shutdown(); }
+
+Communicator& ProcessGroup::communicator() { return cpu_->communicator(); }
+
+uint64_t ProcessGroup::inlineCallCount() const { return cpu_->inlineCallCount(); }
+
+DeviceBackend& ProcessGroup::backendFor(const char* what, const Device& device) {
+  if (device.type == DeviceType::kCpu) return *cpu_;
+  return makeDeviceBackend(what, device);
 }
 
-void ProcessGroup::checkRoot(const char* opName, int root) const {
-  if (root < 0 || root >= size()) {
-    throw InvalidArgument(std::string(opName) + ": root " + std::to_string(root) + " is not a rank of this group of " +
-                          std::to_string(size()) + " ranks");
-  }
-}
-
-template <typename Operation>
-void ProcessGroup::runSync(const char* opName, Operation& operation) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (shutdown_) {
-    throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
-  }
-  if (!busy_ && queue_.empty()) {
-    busy_ = true;
-    lock.unlock();
-    inlineCalls_.fetch_add(1, std::memory_order_relaxed);
-    struct Release {
-      ProcessGroup& group;
-      ~Release() {
-        std::lock_guard<std::mutex> guard(group.mutex_);
-        group.busy_ = false;
-        group.stateCv_.notify_all();
-      }
-    } release{*this};
-    operation();
-    return;
-  }
-  auto work = newWork(opName, nullptr);
-  queue_.push_back(Task{[&operation] { operation(); }, work});
-  startWorkerLocked();
-  lock.unlock();
-  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
-  work->wait();
-}
-
-void ProcessGroup::runErased(const char* opName, void (*invoke)(void*), void* operation) {
-  auto call = [invoke, operation] { invoke(operation); };
-  runSync(opName, call);
-}
-
-std::shared_ptr<Work> ProcessGroup::runAsync(const char* opName, std::function<void()> operation,
-                                             std::shared_ptr<void> keepAlive) {
-  return submit(opName, std::move(operation), std::move(keepAlive));
-}
-
-void ProcessGroup::startWorkerLocked() {
-  if (!worker_.joinable()) {
-    worker_ = std::thread([this, alive = alive_] { workerLoop(*alive); });
-  }
-}
-
-std::shared_ptr<Work> ProcessGroup::newWork(const char* opName, std::shared_ptr<void> keepAlive) {
-  auto work = std::make_shared<Work>(opName, std::move(keepAlive));
-  std::weak_ptr<ProcessGroup> group = weak_from_this();
-  if (!group.expired()) {
-    work->setProgressDriver([group = std::move(group), target = work.get()](Work::Deadline deadline) {
-      if (deadline != Work::Deadline::max()) return;  // a bounded wait() must not start an operation
-      if (const auto alive = group.lock()) alive->runQueuedUpTo(target);
-    });
-  }
-  return work;
-}
-
-std::shared_ptr<Work> ProcessGroup::submit(const char* opName, std::function<void()> operation,
-                                           std::shared_ptr<void> keepAlive) {
-  auto work = newWork(opName, std::move(keepAlive));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (shutdown_) {
-      throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
-    }
-    queue_.push_back(Task{std::move(operation), work});
-    startWorkerLocked();
-  }
-  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
-  return work;
-}
-
-void ProcessGroup::workerLoop(const std::atomic<bool>& alive) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    stateCv_.wait(lock, [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); });
-    if (queue_.empty()) {
-      return;  // shut down and drained
-    }
-    if (!runFront(lock, &alive)) return;  // a Work callback destroyed the group
-  }
-}
-
-bool ProcessGroup::runFront(std::unique_lock<std::mutex>& lock, const std::atomic<bool>* alive) {
-  Task task = std::move(queue_.front());
-  queue_.pop_front();
-  busy_ = true;
-  lock.unlock();
-  std::exception_ptr error;
-  try {
-    task.run();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  task.run = nullptr;
-  lock.lock();
-  busy_ = false;  // before finish(): a caller woken by it finds the group idle
-  stateCv_.notify_all();
-  lock.unlock();
-  task.work->finish(error);
-  task.work.reset();
-  if (alive != nullptr && !alive->load()) return false;
-  lock.lock();
-  return true;
-}
-
-void ProcessGroup::runQueuedUpTo(const Work* target) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    if (busy_) return;  // the worker (or an inline call) runs one: it also runs target's
-    const auto queued = std::find_if(queue_.begin(), queue_.end(),
-                                     [target](const Task& task) { return task.work.get() == target; });
-    if (queued == queue_.end()) return;  // taken by another thread, or dropped by abort()
-    const bool last = queued == queue_.begin();
-    runFront(lock, nullptr);  // the driver holds a reference: the group outlives the task
-    if (last) return;
-  }
-}
-
-void ProcessGroup::shutdown() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  shutdown_ = true;
-  stateCv_.notify_all();
-  std::thread worker = std::move(worker_);
-  if (worker.joinable() && worker.get_id() == std::this_thread::get_id()) {
-    // From a Work callback on the worker: it cannot join itself. It runs what is still
-    // queued here and ends once the callback returns (see ~ProcessGroup).
-    worker.detach();
-    for (;;) {
-      stateCv_.wait(lock, [this] { return !busy_; });  // an inline call on another thread runs first
-      if (queue_.empty()) break;
-      runFront(lock, nullptr);
-    }
-  }
-  if (worker.joinable()) {
-    lock.unlock();
-    worker.join();
-    lock.lock();
-  }
-  stateCv_.wait(lock, [this] { return !busy_ && queue_.empty(); });
-}
-
-void ProcessGroup::abort() {
-  std::deque<Task> dropped;
-  std::thread worker;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    shutdown_ = true;
-    aborted_ = true;
-    dropped.swap(queue_);
-    worker = std::move(worker_);
-  }
-  stateCv_.notify_all();
-  communicator_->abort();
-  for (Task& task : dropped) {
-    task.work->finish(std::make_exception_ptr(Error(std::string(task.work->opName()) + " on rank " +
-                                                    std::to_string(rank()) +
-                                                    " was aborted before it started: its process group was aborted")));
-  }
-  if (worker.joinable()) {
-    if (worker.get_id() == std::this_thread::get_id()) {
-      worker.detach();  // from a Work callback on the worker: it ends once the callback returns
-    } else {
-      worker.join();
-    }
-  }
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    stateCv_.wait(lock, [this] { return !busy_; });
-  }
-  communicator_->impl().releaseConnections();
-}
-
-bool ProcessGroup::isShutdown() const {
+DeviceBackend& ProcessGroup::makeDeviceBackend(const char* what, const Device& device) {
+  const auto index = static_cast<size_t>(device.type);
   std::lock_guard<std::mutex> lock(mutex_);
-  return shutdown_;
+  if (index < devices_.size() && devices_[index]) return *devices_[index];
+  if (shutdown_) {
+    throw Error(std::string(what) + " on a ProcessGroup that has been shut down");
+  }
+  const detail::DeviceBackendRegistration registration = detail::registeredDeviceBackend(device.type);
+  if (registration.factory == nullptr) {
+    throw InvalidArgument(std::string(what) + ": the buffers are on " + deviceName(device) + ", and no backend for " +
+                          deviceTypeName(device.type) + " buffers is available in this process (ringtree's " +
+                          deviceTypeName(device.type) + " library is not loaded)");
+  }
+  if (!store_) {
+    throw InvalidArgument(std::string(what) + ": the buffers are on " + deviceName(device) + ", but this ProcessGroup "
+                          "was made without a store, which its " + registration.name + " backend needs to set up");
+  }
+  DeviceBackendContext context;
+  context.store = std::make_shared<PrefixStore>(std::string("device/") + deviceTypeName(device.type), store_);
+  context.rank = rank_;
+  context.size = size_;
+  context.timeout = cpu_->communicator().timeout();
+  context.device = device;
+  std::unique_ptr<DeviceBackend> backend = registration.factory(context);
+  if (!backend || backend->deviceType() != device.type || backend->rank() != rank_ || backend->size() != size_) {
+    throw Error(std::string(what) + ": the " + registration.name + " backend factory made no backend for " +
+                deviceTypeName(device.type) + " buffers of rank " + std::to_string(rank_) + " of " +
+                std::to_string(size_));
+  }
+  devices_[index] = std::move(backend);
+  return *devices_[index];
 }
 
-void ProcessGroup::allreduce(void* buffer, size_t count, DataType type, const AllreduceOptions& options) {
-  checkOp("allreduce", type, options.op);
-  auto operation = [&] { ringtree::allreduce(*communicator_, buffer, count, type, options); };
-  runSync("allreduce", operation);
+void ProcessGroup::allreduce(const BufferView& tensor, const AllreduceOptions& options) {
+  const Device device = validation::checkAllreduce({rank_, size_}, tensor, options);
+  backendFor("all_reduce", device).allreduce(tensor, options, {});
 }
 
-std::shared_ptr<Work> ProcessGroup::allreduceAsync(void* buffer, size_t count, DataType type,
-                                                   const AllreduceOptions& options, std::shared_ptr<void> keepAlive) {
-  checkOp("allreduce", type, options.op);
-  return submit(
-      "allreduce",
-      [this, buffer, count, type, options] { ringtree::allreduce(*communicator_, buffer, count, type, options); },
-      std::move(keepAlive));
+std::shared_ptr<Work> ProcessGroup::allreduceAsync(const BufferView& tensor, const AllreduceOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAllreduce({rank_, size_}, tensor, options);
+  return backendFor("all_reduce", device).allreduce(tensor, options, {true, std::move(keepAlive)});
 }
 
-void ProcessGroup::broadcast(void* buffer, size_t count, DataType type, const BroadcastOptions& options) {
-  checkRoot("broadcast", options.root);
-  auto operation = [&] { ringtree::broadcast(*communicator_, buffer, count, type, options); };
-  runSync("broadcast", operation);
+void ProcessGroup::allreduceCoalesced(const std::vector<BufferView>& tensors, const AllreduceOptions& options) {
+  const Device device = validation::checkAllreduceCoalesced({rank_, size_}, tensors, options);
+  backendFor("all_reduce_coalesced", device).allreduceCoalesced(tensors, options, {});
 }
 
-std::shared_ptr<Work> ProcessGroup::broadcastAsync(void* buffer, size_t count, DataType type,
-                                                   const BroadcastOptions& options, std::shared_ptr<void> keepAlive) {
-  checkRoot("broadcast", options.root);
-  return submit(
-      "broadcast",
-      [this, buffer, count, type, options] { ringtree::broadcast(*communicator_, buffer, count, type, options); },
-      std::move(keepAlive));
+std::shared_ptr<Work> ProcessGroup::allreduceCoalescedAsync(const std::vector<BufferView>& tensors, const AllreduceOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAllreduceCoalesced({rank_, size_}, tensors, options);
+  return backendFor("all_reduce_coalesced", device).allreduceCoalesced(tensors, options, {true, std::move(keepAlive)});
 }
 
-void ProcessGroup::reduce(void* buffer, size_t count, DataType type, const ReduceOptions& options) {
-  checkRoot("reduce", options.root);
-  checkOp("reduce", type, options.op);
-  auto operation = [&] { ringtree::reduce(*communicator_, buffer, count, type, options); };
-  runSync("reduce", operation);
+void ProcessGroup::broadcast(const BufferView& tensor, const BroadcastOptions& options) {
+  const Device device = validation::checkBroadcast({rank_, size_}, tensor, options);
+  backendFor("broadcast", device).broadcast(tensor, options, {});
 }
 
-std::shared_ptr<Work> ProcessGroup::reduceAsync(void* buffer, size_t count, DataType type,
-                                                const ReduceOptions& options, std::shared_ptr<void> keepAlive) {
-  checkRoot("reduce", options.root);
-  checkOp("reduce", type, options.op);
-  return submit(
-      "reduce",
-      [this, buffer, count, type, options] { ringtree::reduce(*communicator_, buffer, count, type, options); },
-      std::move(keepAlive));
+std::shared_ptr<Work> ProcessGroup::broadcastAsync(const BufferView& tensor, const BroadcastOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkBroadcast({rank_, size_}, tensor, options);
+  return backendFor("broadcast", device).broadcast(tensor, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::reduce(const BufferView& tensor, const ReduceOptions& options) {
+  const Device device = validation::checkReduce({rank_, size_}, tensor, options);
+  backendFor("reduce", device).reduce(tensor, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::reduceAsync(const BufferView& tensor, const ReduceOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkReduce({rank_, size_}, tensor, options);
+  return backendFor("reduce", device).reduce(tensor, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::allgather(const std::vector<BufferView>& tensorList, const BufferView& tensor, const AllgatherOptions& options) {
+  const Device device = validation::checkAllgather({rank_, size_}, tensorList, tensor, options);
+  backendFor("all_gather", device).allgather(tensorList, tensor, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::allgatherAsync(const std::vector<BufferView>& tensorList, const BufferView& tensor, const AllgatherOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAllgather({rank_, size_}, tensorList, tensor, options);
+  return backendFor("all_gather", device).allgather(tensorList, tensor, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor, const AllgatherOptions& options) {
+  const Device device = validation::checkAllgatherSingle({rank_, size_}, outputTensor, inputTensor, options);
+  backendFor("all_gather_single", device).allgatherSingle(outputTensor, inputTensor, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::allgatherSingleAsync(const BufferView& outputTensor, const BufferView& inputTensor, const AllgatherOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAllgatherSingle({rank_, size_}, outputTensor, inputTensor, options);
+  return backendFor("all_gather_single", device).allgatherSingle(outputTensor, inputTensor, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::allgatherCoalesced(const std::vector<std::vector<BufferView>>& outputTensorLists, const std::vector<BufferView>& inputTensorList, const AllgatherOptions& options) {
+  const Device device = validation::checkAllgatherCoalesced({rank_, size_}, outputTensorLists, inputTensorList, options);
+  backendFor("all_gather_coalesced", device).allgatherCoalesced(outputTensorLists, inputTensorList, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::allgatherCoalescedAsync(const std::vector<std::vector<BufferView>>& outputTensorLists, const std::vector<BufferView>& inputTensorList, const AllgatherOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAllgatherCoalesced({rank_, size_}, outputTensorLists, inputTensorList, options);
+  return backendFor("all_gather_coalesced", device).allgatherCoalesced(outputTensorLists, inputTensorList, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::allgatherSingleCoalesced(const std::vector<BufferView>& outputTensors, const std::vector<BufferView>& inputTensors, const AllgatherOptions& options) {
+  const Device device = validation::checkAllgatherSingleCoalesced({rank_, size_}, outputTensors, inputTensors, options);
+  backendFor("all_gather_single_coalesced", device).allgatherSingleCoalesced(outputTensors, inputTensors, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::allgatherSingleCoalescedAsync(const std::vector<BufferView>& outputTensors, const std::vector<BufferView>& inputTensors, const AllgatherOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAllgatherSingleCoalesced({rank_, size_}, outputTensors, inputTensors, options);
+  return backendFor("all_gather_single_coalesced", device).allgatherSingleCoalesced(outputTensors, inputTensors, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::gather(const BufferView& tensor, const std::vector<BufferView>& gatherList, const GatherOptions& options) {
+  const Device device = validation::checkGather({rank_, size_}, tensor, gatherList, options);
+  backendFor("gather", device).gather(tensor, gatherList, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::gatherAsync(const BufferView& tensor, const std::vector<BufferView>& gatherList, const GatherOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkGather({rank_, size_}, tensor, gatherList, options);
+  return backendFor("gather", device).gather(tensor, gatherList, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::scatter(const BufferView& tensor, const std::vector<BufferView>& scatterList, const ScatterOptions& options) {
+  const Device device = validation::checkScatter({rank_, size_}, tensor, scatterList, options);
+  backendFor("scatter", device).scatter(tensor, scatterList, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::scatterAsync(const BufferView& tensor, const std::vector<BufferView>& scatterList, const ScatterOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkScatter({rank_, size_}, tensor, scatterList, options);
+  return backendFor("scatter", device).scatter(tensor, scatterList, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::reduceScatter(const BufferView& output, const std::vector<BufferView>& inputList, const ReduceScatterOptions& options) {
+  const Device device = validation::checkReduceScatter({rank_, size_}, output, inputList, options);
+  backendFor("reduce_scatter", device).reduceScatter(output, inputList, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::reduceScatterAsync(const BufferView& output, const std::vector<BufferView>& inputList, const ReduceScatterOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkReduceScatter({rank_, size_}, output, inputList, options);
+  return backendFor("reduce_scatter", device).reduceScatter(output, inputList, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::reduceScatterSingle(const BufferView& output, const BufferView& input, const ReduceScatterOptions& options) {
+  const Device device = validation::checkReduceScatterSingle({rank_, size_}, output, input, options);
+  backendFor("reduce_scatter_single", device).reduceScatterSingle(output, input, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::reduceScatterSingleAsync(const BufferView& output, const BufferView& input, const ReduceScatterOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkReduceScatterSingle({rank_, size_}, output, input, options);
+  return backendFor("reduce_scatter_single", device).reduceScatterSingle(output, input, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::reduceScatterSingleCoalesced(const std::vector<BufferView>& outputs, const std::vector<BufferView>& inputs, const ReduceScatterOptions& options) {
+  const Device device = validation::checkReduceScatterSingleCoalesced({rank_, size_}, outputs, inputs, options);
+  backendFor("reduce_scatter_single_coalesced", device).reduceScatterSingleCoalesced(outputs, inputs, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::reduceScatterSingleCoalescedAsync(const std::vector<BufferView>& outputs, const std::vector<BufferView>& inputs, const ReduceScatterOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkReduceScatterSingleCoalesced({rank_, size_}, outputs, inputs, options);
+  return backendFor("reduce_scatter_single_coalesced", device).reduceScatterSingleCoalesced(outputs, inputs, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::alltoall(const std::vector<BufferView>& outputTensorList, const std::vector<BufferView>& inputTensorList, const AlltoallOptions& options) {
+  const Device device = validation::checkAlltoall({rank_, size_}, outputTensorList, inputTensorList, options);
+  backendFor("all_to_all", device).alltoall(outputTensorList, inputTensorList, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::alltoallAsync(const std::vector<BufferView>& outputTensorList, const std::vector<BufferView>& inputTensorList, const AlltoallOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAlltoall({rank_, size_}, outputTensorList, inputTensorList, options);
+  return backendFor("all_to_all", device).alltoall(outputTensorList, inputTensorList, options, {true, std::move(keepAlive)});
+}
+
+void ProcessGroup::alltoallSingle(const BufferView& output, const BufferView& input, const std::vector<int64_t>& outputSplitSizes, const std::vector<int64_t>& inputSplitSizes, const AlltoallOptions& options) {
+  const Device device = validation::checkAlltoallSingle({rank_, size_}, output, input, outputSplitSizes, inputSplitSizes, options);
+  backendFor("all_to_all_single", device).alltoallSingle(output, input, outputSplitSizes, inputSplitSizes, options, {});
+}
+
+std::shared_ptr<Work> ProcessGroup::alltoallSingleAsync(const BufferView& output, const BufferView& input, const std::vector<int64_t>& outputSplitSizes, const std::vector<int64_t>& inputSplitSizes, const AlltoallOptions& options, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkAlltoallSingle({rank_, size_}, output, input, outputSplitSizes, inputSplitSizes, options);
+  return backendFor("all_to_all_single", device).alltoallSingle(output, input, outputSplitSizes, inputSplitSizes, options, {true, std::move(keepAlive)});
 }
 
 void ProcessGroup::barrier(const BarrierOptions& options) {
-  auto operation = [&] { ringtree::barrier(*communicator_, options); };
-  runSync("barrier", operation);
+  validation::checkBarrier(options);
+  cpu_->barrier(options, {});
 }
 
 std::shared_ptr<Work> ProcessGroup::barrierAsync(const BarrierOptions& options) {
-  return submit(
-      "barrier", [this, options] { ringtree::barrier(*communicator_, options); }, nullptr);
+  validation::checkBarrier(options);
+  return cpu_->barrier(options, {true, nullptr});
+}
+
+void ProcessGroup::send(const BufferView& tensor, int dst, int tag) {
+  const Device device = validation::checkSend({rank_, size_}, "send", tensor, dst, tag);
+  backendFor("send", device).send(tensor, dst, tag);
+}
+
+int ProcessGroup::recv(const BufferView& tensor, int src, int tag) {
+  const Device device = validation::checkRecv({rank_, size_}, "recv", tensor, src, tag);
+  return backendFor("recv", device).recv(tensor, src, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::isend(const BufferView& tensor, int dst, int tag, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkSend({rank_, size_}, "isend", tensor, dst, tag);
+  return backendFor("isend", device).isend(tensor, dst, tag, std::move(keepAlive));
+}
+
+std::shared_ptr<Work> ProcessGroup::irecv(const BufferView& tensor, int src, int tag, std::shared_ptr<void> keepAlive) {
+  const Device device = validation::checkRecv({rank_, size_}, "irecv", tensor, src, tag);
+  return backendFor("irecv", device).irecv(tensor, src, tag, std::move(keepAlive));
+}
+
+void ProcessGroup::shutdown() {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    first = !shutdown_;
+    shutdown_ = true;
+  }
+  cpu_->shutdown();  // idempotent, and it must run here from a Work callback on the worker
+  if (!first) return;
+  for (auto& backend : devices_) {
+    if (backend) backend->shutdown();
+  }
+}
+
+bool ProcessGroup::isShutdown() const { return cpu_->isShutdown(); }
+
+void ProcessGroup::abort() {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    first = !aborted_;
+    shutdown_ = true;
+    aborted_ = true;
+  }
+  cpu_->abort();
+  if (!first) return;
+  for (auto& backend : devices_) {
+    if (backend) backend->abort();
+  }
 }
 
 }  // namespace ringtree

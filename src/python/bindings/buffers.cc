@@ -447,12 +447,10 @@ void Buffer::readTensor(const void* tensorPtr, const char* what) {
   const auto& tensor = *static_cast<const dl::Tensor*>(tensorPtr);
   const int32_t device = tensor.device.deviceType;
   if (device == dl::kCuda) {
-    throw py::value_error(std::string(what) + ": the buffer is on cuda:" + std::to_string(tensor.device.deviceId) +
-                          "; GPU buffers need the NCCL backend, not available in this build");
-  }
-  if (device != dl::kCpu && device != dl::kCudaHost) {
+    device_ = Device{DeviceType::kCuda, tensor.device.deviceId};  // ProcessGroup picks its backend
+  } else if (device != dl::kCpu && device != dl::kCudaHost) {
     throw py::value_error(std::string(what) + ": the buffer is on DLPack device type " + std::to_string(device) +
-                          "; this build's collectives need host (CPU) memory");
+                          "; ringtree's collectives take host (CPU) and CUDA memory");
   }
   type_ = fromDlpackType(tensor.dtype, what);
   size_t count = 1;
@@ -504,6 +502,7 @@ Buffer::Buffer(Buffer&& other) noexcept
       count_(other.count_),
       rows_(other.rows_),
       type_(other.type_),
+      device_(other.device_),
       owner_(std::exchange(other.owner_, Owner::kNone)),
       managed_(std::exchange(other.managed_, nullptr)),
       view_(std::move(other.view_)) {}

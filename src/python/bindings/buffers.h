@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include <ringtree/buffer.h>
 #include <ringtree/types.h>
 
 namespace ringtree::python {
@@ -13,15 +14,17 @@ namespace ringtree::python {
 // Whether a collective writes the buffer (all of them do, except broadcast on its root).
 enum class Access { kRead, kReadWrite };
 
-// The memory of a Python tensor or array, borrowed zero-copy for one collective: its
-// first element, element count and type, and whatever keeps it valid.
+// The memory of a Python tensor or array, borrowed zero-copy for one operation: its
+// first element, element count, type and device, and whatever keeps it valid.
 //
 // Accepted: any object with __dlpack__ (torch, NumPy, CuPy, JAX, ...), read through
 // DLPack's C exchange table (`type.__dlpack_c_exchange_api__`) when the type offers one,
 // else through a `__dlpack__(max_version=(1, 0))` capsule (legacy `__dlpack__()` for
 // producers without versioned capsules); objects without __dlpack__ through the buffer
 // protocol (bytearray, memoryview, array.array, ...). The memory must be host memory
-// (DLPack device CPU or CUDA host), C-contiguous (sizes of 1 may have any stride), of a
+// (DLPack device CPU or CUDA host) or CUDA memory (the view names the device; the process
+// group refuses a device it has no backend for), C-contiguous (sizes of 1 may have any
+// stride), of a
 // supported element type, writable for Access::kReadWrite, and — for torch — must not
 // require grad nor carry a conjugate or negative bit.
 //
@@ -42,11 +45,9 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   Buffer& operator=(Buffer&&) = delete;
 
-  void* data() const { return data_; }
-  size_t count() const { return count_; }
-  // The size of dim 0 (1 for a 0-dim tensor): the rows all_to_all_single splits by.
-  size_t rows() const { return rows_; }
-  DataType type() const { return type_; }
+  // The borrowed memory, for ProcessGroup: its rows are the size of dim 0 (1 for a 0-dim
+  // tensor), which all_to_all_single splits by.
+  BufferView view() const { return BufferView(data_, count_, type_, device_, rows_); }
 
  private:
   enum class Owner { kNone, kVersioned, kLegacy, kView };
@@ -63,6 +64,7 @@ class Buffer {
   size_t count_ = 0;
   size_t rows_ = 1;
   DataType type_ = DataType::kUInt8;
+  Device device_{};
   Owner owner_ = Owner::kNone;
   void* managed_ = nullptr;  // the DLManagedTensor(Versioned) whose deleter we call
   // A buffer-protocol view, on the heap: it must be released at the address it was filled

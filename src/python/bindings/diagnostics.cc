@@ -3,7 +3,6 @@
 #include <string>
 
 #include <ringtree/communicator.h>
-#include <ringtree/process_group.h>
 
 namespace py = pybind11;
 
@@ -32,9 +31,6 @@ void initDiagnostics(py::module_& m) {
       },
       py::arg("communicator"), py::arg("group_name"), py::arg("global_rank"), py::arg("world"),
       "Names the communicator in flight-record dumps (call before its first collective).");
-  m.def("_abort", &ProcessGroup::abort, py::arg("engine"), py::call_guard<py::gil_scoped_release>(),
-        "Aborts the engine: the running collective fails within about 100 ms, queued ones fail without "
-        "running, and the connections and shared memory are released.");
 }
 
 }  // namespace ringtree::python

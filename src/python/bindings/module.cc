@@ -2,18 +2,18 @@
 
 #include <ringtree/version.h>
 
-#include "collectives.h"
 #include "diagnostics.h"
 #include "errors.h"
-#include "p2p.h"
+#include "process_group.h"
 #include "store.h"
+#include "work.h"
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringtree native core (C++); use the ringtree package, not this module";
   m.attr("__version__") = RINGTREE_VERSION_STRING;
   ringtree::python::initErrors(m);
   ringtree::python::initStore(m);
-  ringtree::python::initCollectives(m);
+  ringtree::python::initWork(m);
+  ringtree::python::initProcessGroup(m);
   ringtree::python::initDiagnostics(m);
-  ringtree::python::initPointToPoint(m);
 }

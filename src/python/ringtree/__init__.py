@@ -13,7 +13,6 @@ from ._C import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._C import __version__ as __version__
 from .backend import Backend, BackendConfig
 from .constants import default_pg_timeout
-from . import work as _work  # noqa: F401 - adds result()/get_future() to Work
 from .collectives import _all_gather_base as _all_gather_base
 from .collectives import _reduce_scatter_base as _reduce_scatter_base
 from .collectives import (

@@ -134,10 +134,7 @@ def all_reduce(
     elif _rank_not_in_group(group):
         _warn_not_in_group("all_reduce")
         return None
-    work = group._engine.allreduce(tensor, op, async_op, algorithm)
-    if work is not None:  # async: the tensors for Work.result()/get_future() (work.py)
-        work._outputs = [tensor]
-    return work
+    return group._engine.allreduce(tensor, op, async_op, algorithm)
 
 
 def broadcast(
@@ -178,10 +175,7 @@ def broadcast(
         _warn_not_in_group("broadcast")
         return None
     root = _group_rank(group, src, group_src, "src")
-    work = group._engine.broadcast(tensor, root, async_op, algorithm)
-    if work is not None:
-        work._outputs = [tensor]
-    return work
+    return group._engine.broadcast(tensor, root, async_op, algorithm)
 
 
 def reduce(
@@ -222,10 +216,7 @@ def reduce(
         _warn_not_in_group("reduce")
         return None
     root = _group_rank(group, dst, group_dst, "dst")
-    work = group._engine.reduce(tensor, root, op, async_op, algorithm)
-    if work is not None:
-        work._outputs = [tensor]
-    return work
+    return group._engine.reduce(tensor, root, op, async_op, algorithm)
 
 
 def barrier(
@@ -257,10 +248,7 @@ def barrier(
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout).__name__}")
-    work = group._engine.barrier(timeout, async_op)
-    if work is not None:
-        work._outputs = []
-    return work
+    return group._engine.barrier(timeout, async_op)
 
 
 # --- The gather/scatter family --------------------------------------------------------------
@@ -316,10 +304,7 @@ def all_gather(
     pg = _member_group(group, "all_gather")
     if pg is None:
         return None
-    work = pg._engine.allgather(tensor_list, tensor, async_op, algorithm)
-    if work is not None:
-        work._outputs = tensor_list
-    return work
+    return pg._engine.allgather(tensor_list, tensor, async_op, algorithm)
 
 
 def all_gather_single(
@@ -352,10 +337,7 @@ def all_gather_single(
     pg = _member_group(group, "all_gather_single")
     if pg is None:
         return None
-    work = pg._engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
-    if work is not None:
-        work._outputs = [output_tensor]
-    return work
+    return pg._engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
 
 
 def all_gather_into_tensor(
@@ -415,10 +397,7 @@ def gather(
         return None
     root = _root_rank(pg, dst, group_dst, "dst")
     _check_root_list(pg.rank() == root, gather_list, "gather_list", "destination")
-    work = pg._engine.gather(tensor, gather_list, root, async_op, algorithm)
-    if work is not None:
-        work._outputs = gather_list if root == pg.rank() else []
-    return work
+    return pg._engine.gather(tensor, gather_list, root, async_op, algorithm)
 
 
 def scatter(
@@ -456,10 +435,7 @@ def scatter(
         return None
     root = _root_rank(pg, src, group_src, "src")
     _check_root_list(pg.rank() == root, scatter_list, "scatter_list", "source")
-    work = pg._engine.scatter(tensor, scatter_list, root, async_op, algorithm)
-    if work is not None:
-        work._outputs = [tensor]
-    return work
+    return pg._engine.scatter(tensor, scatter_list, root, async_op, algorithm)
 
 
 def reduce_scatter(
@@ -494,10 +470,7 @@ def reduce_scatter(
     pg = _member_group(group, "reduce_scatter")
     if pg is None:
         return None
-    work = pg._engine.reduce_scatter(output, input_list, op, async_op, algorithm)
-    if work is not None:
-        work._outputs = [output]
-    return work
+    return pg._engine.reduce_scatter(output, input_list, op, async_op, algorithm)
 
 
 def reduce_scatter_single(
@@ -531,10 +504,7 @@ def reduce_scatter_single(
     pg = _member_group(group, "reduce_scatter_single")
     if pg is None:
         return None
-    work = pg._engine.reduce_scatter_single(output, input, op, async_op, algorithm)
-    if work is not None:
-        work._outputs = [output]
-    return work
+    return pg._engine.reduce_scatter_single(output, input, op, async_op, algorithm)
 
 
 def reduce_scatter_tensor(
@@ -597,10 +567,7 @@ def all_to_all(
     pg = _member_group(group, "all_to_all")
     if pg is None:
         return None
-    work = pg._engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
-    if work is not None:
-        work._outputs = output_tensor_list
-    return work
+    return pg._engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
 
 
 def _split_sizes(split_sizes: Sequence[int] | None, name: str) -> list[int] | None:
@@ -649,7 +616,7 @@ def all_to_all_single(
     pg = _member_group(group, "all_to_all_single")
     if pg is None:
         return None
-    work = pg._engine.alltoall_single(
+    return pg._engine.alltoall_single(
         output,
         input,
         _split_sizes(output_split_sizes, "output"),
@@ -657,9 +624,6 @@ def all_to_all_single(
         async_op,
         algorithm,
     )
-    if work is not None:
-        work._outputs = [output]
-    return work
 
 
 # --- Coalesced ------------------------------------------------------------------------------
@@ -699,10 +663,7 @@ def all_reduce_coalesced(
         return None
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
-    work = pg._engine.allreduce_coalesced(tensors, op, async_op)
-    if work is not None:
-        work._outputs = tensors
-    return work
+    return pg._engine.allreduce_coalesced(tensors, op, async_op)
 
 
 def all_gather_coalesced(
@@ -739,7 +700,4 @@ def all_gather_coalesced(
     pg = _member_group(group, "all_gather_coalesced")
     if pg is None:
         return None
-    work = pg._engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)
-    if work is not None:
-        work._outputs = [tensor for outputs in output_tensor_lists for tensor in outputs]
-    return work
+    return pg._engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)

@@ -89,15 +89,11 @@ def isend(
         pg = world.default_pg
         peer = None if pg is None else pg._group_ranks.get(dst)
         if peer is not None and peer != pg._rank:
-            work = pg._p2p.isend(tensor, peer, tag)
-            work._outputs = [tensor]
-            return work
+            return pg._p2p.isend(tensor, peer, tag)
     pg = _member_group(group, "isend")
     if pg is None:
         return None
-    work = pg._p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
-    work._outputs = [tensor]
-    return work
+    return pg._p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
 
 
 def irecv(
@@ -128,16 +124,12 @@ def irecv(
         pg = world.default_pg
         peer = None if pg is None else pg._group_ranks.get(src)
         if peer is not None and peer != pg._rank:
-            work = pg._p2p.irecv(tensor, peer, tag)
-            work._outputs = [tensor]
-            return work
+            return pg._p2p.irecv(tensor, peer, tag)
     pg = _member_group(group, "irecv")
     if pg is None:
         return None
     peer = _source(pg, src, group_src)
-    work = pg._p2p.irecv(tensor, peer, tag)
-    work._outputs = [tensor]
-    return work
+    return pg._p2p.irecv(tensor, peer, tag)
 
 
 def send(
@@ -279,7 +271,5 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     engine = group._p2p
     works = []
     for p2p_op in p2p_op_list:
-        work = (engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag)
-        work._outputs = [p2p_op.tensor]
-        works.append(work)
+        works.append((engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag))
     return works

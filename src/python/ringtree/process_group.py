@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from . import _C, constants
-from ._C import Communicator, PointToPoint, PrefixStore, Store, TCPStore
+from ._C import PrefixStore, Store, TCPStore
 from ._C import ProcessGroup as _NativeProcessGroup
 from ._world import world
 from .backend import Backend, BackendConfig
@@ -91,8 +91,8 @@ class ProcessGroup:
         self._engine: _NativeProcessGroup | _NoEngine = _NoEngine(
             f"group {group_name!r} has no CPU collective engine (backend {backend!r} does not map 'cpu' to 'gloo')"
         )
-        # The point-to-point engine (send, recv, ...), over connections of its own.
-        self._p2p: PointToPoint | _NoEngine = self._engine
+        # The same backend for send, recv, ... (replaced on its own when the group is aborted).
+        self._p2p: _NativeProcessGroup | _NoEngine = self._engine
         self._barrier_count = 0
         self._group_desc = group_desc
         # Calls of split_group on this group (names the groups it creates, see groups.py).
@@ -158,43 +158,38 @@ class _NoEngine:
     allreduce = broadcast = reduce = barrier = _fail
     allgather = allgather_single = gather = scatter = reduce_scatter = reduce_scatter_single = _fail
     alltoall = alltoall_single = allreduce_coalesced = allgather_coalesced = _fail
-    isend = irecv = _fail
+    allgather_single_coalesced = reduce_scatter_single_coalesced = _fail
+    send = recv = isend = irecv = _fail
 
 
 def _start_engine(pg: ProcessGroup) -> None:
-    """Connects the group's ranks (a collective: blocks until all arrive) and starts the
-    native CPU engines over the connections, with the group's timeout: the collective
-    engine and the point-to-point engine, each over connections of its own."""
-    communicator = Communicator.create(PrefixStore("comm", pg.store), pg.rank(), pg.size(), pg.timeout)
+    """Connects the group's ranks (a collective: blocks until all arrive) and starts its
+    native backend with the group's timeout: the collective engine and the point-to-point
+    engine, each over connections of its own (store keys under ``comm/`` and ``p2p/``)."""
+    engine = _NativeProcessGroup.create(pg.store, pg.rank(), pg.size(), pg.timeout)
     # Flight-record dumps name the rank by its global rank; the group created first (by
     # init_process_group) is the world.
-    _C._set_identity(communicator, pg.group_name, pg._ranks[pg.rank()], world.default_pg is None)
-    p2p_communicator = Communicator.create(PrefixStore("p2p", pg.store), pg.rank(), pg.size(), pg.timeout)
-    pg._engine = _NativeProcessGroup(communicator)
-    pg._p2p = PointToPoint(p2p_communicator)
+    _C._set_identity(engine.communicator, pg.group_name, pg._ranks[pg.rank()], world.default_pg is None)
+    pg._engine = pg._p2p = engine
 
 
 def _stop_engine(pg: ProcessGroup) -> None:
     """Runs the group's queued collectives to completion and stops its engines (pending
     point-to-point operations fail)."""
-    engine, p2p = pg._engine, pg._p2p
+    engine = pg._engine
     pg._engine = pg._p2p = _NoEngine(f"group {pg.group_name!r} has been destroyed")
     if isinstance(engine, _NativeProcessGroup):
         engine.shutdown()
         _dump_flight_record(engine, "destroy_process_group")
-    if isinstance(p2p, PointToPoint):
-        p2p.shutdown()
 
 
 def _abort_engine(pg: ProcessGroup) -> None:
-    """Aborts the group's engines (see ProcessGroup.abort), keeping the collective engine
-    in place so that its flight record stays readable and its refusals say why."""
-    engine, p2p = pg._engine, pg._p2p
-    if isinstance(p2p, PointToPoint):
-        pg._p2p = _NoEngine(f"group {pg.group_name!r} has been aborted")
-        p2p.shutdown()
+    """Aborts the group's native backend (see ProcessGroup.abort), keeping it in place for
+    collectives so that its flight record stays readable and its refusals say why."""
+    engine = pg._engine
     if isinstance(engine, _NativeProcessGroup):
-        _C._abort(engine)
+        pg._p2p = _NoEngine(f"group {pg.group_name!r} has been aborted")
+        engine.abort()
 
 
 def _dump_flight_record(engine: _NativeProcessGroup, reason: str) -> None:

@@ -74,4 +74,28 @@ RINGTREE_API void alltoall(Communicator& comm, const void* const* inputs, const 
                            void* const* outputs, const size_t* recvCounts, DataType type,
                            const AlltoallOptions& options = {});
 
+// The coalesced forms: several buffers as one operation. `n` buffers of one DataType;
+// counts agree across ranks.
+
+// buffers[i] (counts[i] elements) <- op over every rank's buffers[i], for every i < n.
+// Buffers under 256 KiB are packed into one scratch buffer reduced by one allreduce (one
+// round of latency for all of them); larger ones are reduced in place one by one, where
+// packing would only add two copies. Same op semantics as allreduce.
+RINGTREE_API void allreduceCoalesced(Communicator& comm, void* const* buffers, const size_t* counts, size_t n,
+                                     DataType type, const AllreduceOptions& options = {});
+
+// outputs[r * n + i] (outputCounts[r * n + i] elements) <- rank r's inputs[i], for every
+// rank r and i < n: one allgather of every rank's inputs packed end to end. This rank's
+// inputs[i] holds outputCounts[rank * n + i] elements.
+RINGTREE_API void allgatherCoalesced(Communicator& comm, const void* const* inputs, size_t n, void* const* outputs,
+                                     const size_t* outputCounts, DataType type, const AllgatherOptions& options = {});
+
+// outputs[i] (counts[i] elements) <- op over every rank's part `rank` of inputs[i]
+// (size() parts of counts[i] elements, end to end), for every i < n. Buffers whose parts
+// are under 256 KiB are packed into one reduce-scatter; larger ones run one by one. Same
+// op semantics as reduceScatter. outputs[i] may be this rank's part of inputs[i].
+RINGTREE_API void reduceScatterCoalesced(Communicator& comm, const void* const* inputs, void* const* outputs,
+                                         const size_t* counts, size_t n, DataType type,
+                                         const ReduceScatterOptions& options = {});
+
 }  // namespace ringtree

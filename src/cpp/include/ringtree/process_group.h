@@ -1,163 +1,277 @@
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
-#include <cstddef>
+#include <array>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
-#include <type_traits>
+#include <vector>
 
+#include <ringtree/buffer.h>
 #include <ringtree/communicator.h>
+#include <ringtree/device_backend.h>
 #include <ringtree/export.h>
 #include <ringtree/options.h>
+#include <ringtree/store/store.h>
 #include <ringtree/types.h>
 #include <ringtree/work.h>
 
 namespace ringtree {
 
-// The CPU backend (torch's "gloo" role): runs the collectives of <ringtree/collectives.h>
-// over one Communicator, synchronously or asynchronously, in submission order.
+namespace detail {
+class CpuBackend;
+}
+
+// The backend of one group of ranks: the one door through which every collective,
+// point-to-point operation and barrier enters ringtree, on buffers of any device
+// (torch.distributed's ProcessGroup/Backend role; the Python API and the torch plug-in
+// are thin fronts over it).
+//
+// Each operation takes BufferViews and validates everything before anything runs or
+// moves: element counts and types, that every buffer of the call has one type and is
+// on one device, that the op is defined on the type (see isSupported), roots and peers,
+// per-rank lists holding one buffer per rank, overlaps. A bad argument throws
+// InvalidArgument, whose message names the operation and the argument as
+// torch.distributed does ("all_gather: tensor_list must hold one tensor per rank of the
+// group (4), got 3"). The call then goes to the engine of the buffers' device type: host
+// buffers to the CPU engine (built from the group's communicators), other devices to the
+// backend registered for them (<ringtree/device_backend.h>), made for this group on the
+// first buffer of that device (a collective: every rank must reach it with the same call).
+// A device type nothing is registered for throws InvalidArgument naming it.
 //
 // Every collective comes in two forms:
-//  - synchronous (`allreduce(...)`): returns when this rank's part is done. When nothing
-//    is queued or running it runs directly on the calling thread (the fast path: no
+//  - synchronous (`allreduce(...)`): returns when this rank's part is done. On the CPU
+//    engine, when nothing is queued or running it runs directly on the calling thread (no
 //    thread hand-off, no allocation besides the algorithm's); otherwise it is queued
 //    behind the pending operations and the caller blocks until it ran.
-//  - asynchronous (`allreduceAsync(...)`): queued to the group's worker thread (started on
-//    first use); returns at once with a Work. The buffer must stay valid and untouched
-//    until the Work completes; `keepAlive` (any owner of it) is held until then.
+//  - asynchronous (`allreduceAsync(...)`): queued (on the CPU engine: to the group's worker
+//    thread, started on first use); returns at once with a Work. The buffers must stay
+//    valid and untouched until the Work completes; `keepAlive` (any owner of them) is held
+//    until then.
+// On one engine, collectives run one at a time in submission order, whichever thread
+// submits them, so every rank must submit the same collectives in the same order.
 //
-// Operations run one at a time in submission order, whichever thread submits them, so
-// every rank must submit the same operations in the same order. Errors: invalid
-// arguments (root out of range, op not defined on the type: see isSupported) throw
-// InvalidArgument from the submitting call, before anything is queued. Errors of the
-// operation itself (NetworkError, TimeoutError, CollectiveMismatchError, see
-// collectives.h) are thrown by the synchronous form and stored in the Work of the
-// asynchronous one; after one of them the communicator is unusable, and every later
-// operation fails at once.
+// Point-to-point operations (send, recv, isend, irecv) run on connections of their own,
+// never queued behind collectives; see <ringtree/p2p.h> for their matching (by peer and
+// tag, kAnySource) and progress rules. They need the group to have been made with
+// point-to-point connections (create() does that), else they throw Error.
+//
+// Errors of an operation itself (NetworkError, TimeoutError, CollectiveMismatchError,
+// see collectives.h and p2p.h) are thrown by the synchronous form and stored in the
+// Work of the asynchronous one; after one of them on a collective, the engine is
+// unusable and every later collective fails at once.
 //
 // Threading: every member function may be called from any thread. Nothing else may use
-// the communicator while the group exists. Work callbacks run on the thread that ran the
-// operation; they may submit, shut the group down or drop the last reference to it (the
-// worker then ends when the callback returns), and wait (on the worker, only for a group
-// owned by a std::shared_ptr: see below).
+// the communicators while the group exists. Work callbacks run on the thread that ran the
+// operation; they may submit, wait, shut the group down or destroy it (the worker then
+// ends when the callback returns).
 //
-// A Work::wait() without a timeout on a group owned by a std::shared_ptr runs the queued
-// operations up to its own on the waiting thread when the worker has not taken them yet
-// (in submission order, one at a time, as the worker would), which spares two thread
-// wake-ups; otherwise it sleeps until the worker finished its operation.
-class RINGTREE_API ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+// A Work::wait() without a timeout on a CPU collective runs the queued operations up to
+// its own on the waiting thread when the worker has not taken them yet (in submission
+// order, one at a time, as the worker would), which spares two thread wake-ups; otherwise
+// it sleeps until the worker finished its operation.
+class RINGTREE_API ProcessGroup {
  public:
-  explicit ProcessGroup(std::shared_ptr<Communicator> communicator);
+  // The source of a receive that takes the first message from whichever rank
+  // (PointToPoint::kAnySource).
+  static constexpr int kAnySource = -1;
+
+  // Connects the group: a collective over the `size` ranks sharing `store` (keys under
+  // "comm/" and "p2p/" for the CPU engine's two communicators, "device/<type>/" for
+  // device backends). Blocks until connected; throws what Communicator::create throws.
+  static std::shared_ptr<ProcessGroup> create(std::shared_ptr<Store> store, int rank, int size,
+                                              const CommunicatorOptions& options = {});
+
+  // A group over existing communicators: `collectives` for the collectives,
+  // `pointToPoint` (optional; one made for it alone) for send/recv, `store` (optional)
+  // for setting up device backends. Throws InvalidArgument when `collectives` is null or
+  // the communicators disagree on rank or size.
+  explicit ProcessGroup(std::shared_ptr<Communicator> collectives, std::shared_ptr<Communicator> pointToPoint = nullptr,
+                        std::shared_ptr<Store> store = nullptr);
   // shutdown().
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return communicator_->rank(); }
-  int size() const { return communicator_->size(); }
-  Communicator& communicator() { return *communicator_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The CPU engine's collective communicator (diagnostics: flight recorder, identity).
+  Communicator& communicator();
 
-  // In place over `count` elements of `type` at `buffer`; see collectives.h.
-  void allreduce(void* buffer, size_t count, DataType type, const AllreduceOptions& options = {});
-  std::shared_ptr<Work> allreduceAsync(void* buffer, size_t count, DataType type,
-                                       const AllreduceOptions& options = {},
+  // --- Collectives. Names of arguments and of operations in messages are torch's.
+
+  // In place: tensor <- op over every rank's tensor; every rank ends with the same bits.
+  void allreduce(const BufferView& tensor, const AllreduceOptions& options = {});
+  std::shared_ptr<Work> allreduceAsync(const BufferView& tensor, const AllreduceOptions& options = {},
                                        std::shared_ptr<void> keepAlive = nullptr);
 
-  void broadcast(void* buffer, size_t count, DataType type, const BroadcastOptions& options = {});
-  std::shared_ptr<Work> broadcastAsync(void* buffer, size_t count, DataType type,
-                                       const BroadcastOptions& options = {},
+  // In place: every tensors[i] <- op over every rank's tensors[i], as one operation (small
+  // tensors are packed into one allreduce). All of one type and device.
+  void allreduceCoalesced(const std::vector<BufferView>& tensors, const AllreduceOptions& options = {});
+  std::shared_ptr<Work> allreduceCoalescedAsync(const std::vector<BufferView>& tensors,
+                                                const AllreduceOptions& options = {},
+                                                std::shared_ptr<void> keepAlive = nullptr);
+
+  // In place: tensor <- root's tensor (options.root, a group rank). The root's tensor is
+  // only read.
+  void broadcast(const BufferView& tensor, const BroadcastOptions& options = {});
+  std::shared_ptr<Work> broadcastAsync(const BufferView& tensor, const BroadcastOptions& options = {},
                                        std::shared_ptr<void> keepAlive = nullptr);
 
-  void reduce(void* buffer, size_t count, DataType type, const ReduceOptions& options = {});
-  std::shared_ptr<Work> reduceAsync(void* buffer, size_t count, DataType type,
-                                    const ReduceOptions& options = {},
+  // In place on the root: tensor <- op over every rank's tensor; the others' are unchanged.
+  void reduce(const BufferView& tensor, const ReduceOptions& options = {});
+  std::shared_ptr<Work> reduceAsync(const BufferView& tensor, const ReduceOptions& options = {},
                                     std::shared_ptr<void> keepAlive = nullptr);
 
+  // tensorList[r] <- rank r's tensor: one buffer per rank; sizes may differ by rank (the
+  // same on every rank), tensorList[rank] has tensor's and may be tensor itself.
+  void allgather(const std::vector<BufferView>& tensorList, const BufferView& tensor,
+                 const AllgatherOptions& options = {});
+  std::shared_ptr<Work> allgatherAsync(const std::vector<BufferView>& tensorList, const BufferView& tensor,
+                                       const AllgatherOptions& options = {},
+                                       std::shared_ptr<void> keepAlive = nullptr);
+
+  // outputTensor (size() times inputTensor's count) <- every rank's inputTensor, end to
+  // end in rank order (torch's all_gather_into_tensor). In place: inputTensor is this
+  // rank's part of outputTensor; any other overlap is refused.
+  void allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor,
+                       const AllgatherOptions& options = {});
+  std::shared_ptr<Work> allgatherSingleAsync(const BufferView& outputTensor, const BufferView& inputTensor,
+                                             const AllgatherOptions& options = {},
+                                             std::shared_ptr<void> keepAlive = nullptr);
+
+  // outputTensorLists[r][i] <- rank r's inputTensorList[i], as one operation: one list per
+  // rank, each with one buffer per input.
+  void allgatherCoalesced(const std::vector<std::vector<BufferView>>& outputTensorLists,
+                          const std::vector<BufferView>& inputTensorList, const AllgatherOptions& options = {});
+  std::shared_ptr<Work> allgatherCoalescedAsync(const std::vector<std::vector<BufferView>>& outputTensorLists,
+                                                const std::vector<BufferView>& inputTensorList,
+                                                const AllgatherOptions& options = {},
+                                                std::shared_ptr<void> keepAlive = nullptr);
+
+  // allgatherSingle(outputTensors[i], inputTensors[i]) for every i, as one operation
+  // (torch's all_gather_into_tensor_coalesced).
+  void allgatherSingleCoalesced(const std::vector<BufferView>& outputTensors,
+                                const std::vector<BufferView>& inputTensors, const AllgatherOptions& options = {});
+  std::shared_ptr<Work> allgatherSingleCoalescedAsync(const std::vector<BufferView>& outputTensors,
+                                                      const std::vector<BufferView>& inputTensors,
+                                                      const AllgatherOptions& options = {},
+                                                      std::shared_ptr<void> keepAlive = nullptr);
+
+  // On the root (options.root): gatherList[r] <- rank r's tensor, every one of tensor's
+  // size. gatherList is given on the root only (empty elsewhere).
+  void gather(const BufferView& tensor, const std::vector<BufferView>& gatherList, const GatherOptions& options = {});
+  std::shared_ptr<Work> gatherAsync(const BufferView& tensor, const std::vector<BufferView>& gatherList,
+                                    const GatherOptions& options = {}, std::shared_ptr<void> keepAlive = nullptr);
+
+  // tensor <- the root's scatterList[rank], every one of tensor's size. scatterList is
+  // given on the root only (empty elsewhere).
+  void scatter(const BufferView& tensor, const std::vector<BufferView>& scatterList,
+               const ScatterOptions& options = {});
+  std::shared_ptr<Work> scatterAsync(const BufferView& tensor, const std::vector<BufferView>& scatterList,
+                                     const ScatterOptions& options = {}, std::shared_ptr<void> keepAlive = nullptr);
+
+  // output <- op over every rank's inputList[rank]: one buffer per rank (sizes may differ
+  // by rank, the same on every rank); output has inputList[rank]'s size and may be it.
+  void reduceScatter(const BufferView& output, const std::vector<BufferView>& inputList,
+                     const ReduceScatterOptions& options = {});
+  std::shared_ptr<Work> reduceScatterAsync(const BufferView& output, const std::vector<BufferView>& inputList,
+                                           const ReduceScatterOptions& options = {},
+                                           std::shared_ptr<void> keepAlive = nullptr);
+
+  // output <- op over every rank's part `rank` of input (size() equal parts end to end;
+  // torch's reduce_scatter_tensor). In place: output is this rank's part of input.
+  void reduceScatterSingle(const BufferView& output, const BufferView& input,
+                           const ReduceScatterOptions& options = {});
+  std::shared_ptr<Work> reduceScatterSingleAsync(const BufferView& output, const BufferView& input,
+                                                 const ReduceScatterOptions& options = {},
+                                                 std::shared_ptr<void> keepAlive = nullptr);
+
+  // reduceScatterSingle(outputs[i], inputs[i]) for every i, as one operation (small ones
+  // packed into one reduce-scatter; torch's reduce_scatter_tensor_coalesced).
+  void reduceScatterSingleCoalesced(const std::vector<BufferView>& outputs, const std::vector<BufferView>& inputs,
+                                    const ReduceScatterOptions& options = {});
+  std::shared_ptr<Work> reduceScatterSingleCoalescedAsync(const std::vector<BufferView>& outputs,
+                                                          const std::vector<BufferView>& inputs,
+                                                          const ReduceScatterOptions& options = {},
+                                                          std::shared_ptr<void> keepAlive = nullptr);
+
+  // outputTensorList[r] <- rank r's inputTensorList[rank]: one buffer per rank in each;
+  // inputTensorList[p] here must have the size of outputTensorList[rank] on rank p. Inputs
+  // and outputs must not overlap, except inputTensorList[rank] == outputTensorList[rank].
+  void alltoall(const std::vector<BufferView>& outputTensorList, const std::vector<BufferView>& inputTensorList,
+                const AlltoallOptions& options = {});
+  std::shared_ptr<Work> alltoallAsync(const std::vector<BufferView>& outputTensorList,
+                                      const std::vector<BufferView>& inputTensorList,
+                                      const AlltoallOptions& options = {},
+                                      std::shared_ptr<void> keepAlive = nullptr);
+
+  // Part r of output <- part `rank` of rank r's input, parts cut by rows
+  // (BufferView::rows): the split sizes give each part's rows (one per rank,
+  // non-negative, adding up to the buffer's rows), or, empty, cut the buffer into size()
+  // equal parts. input and output must not overlap (torch's all_to_all_single).
+  void alltoallSingle(const BufferView& output, const BufferView& input, const std::vector<int64_t>& outputSplitSizes,
+                      const std::vector<int64_t>& inputSplitSizes, const AlltoallOptions& options = {});
+  std::shared_ptr<Work> alltoallSingleAsync(const BufferView& output, const BufferView& input,
+                                            const std::vector<int64_t>& outputSplitSizes,
+                                            const std::vector<int64_t>& inputSplitSizes,
+                                            const AlltoallOptions& options = {},
+                                            std::shared_ptr<void> keepAlive = nullptr);
+
+  // Returns once every rank entered the barrier (on the CPU engine).
   void barrier(const BarrierOptions& options = {});
   std::shared_ptr<Work> barrierAsync(const BarrierOptions& options = {});
 
-  // Any other operation on communicator() (allgather, gather, scatter, reduceScatter,
-  // alltoall of collectives.h, or a sequence of them that forms one logical call), run
-  // under the rules above: `run` is the synchronous form (inline when the group is idle;
-  // `operation` is called exactly once, on this or the worker thread, and is not copied),
-  // `runAsync` the asynchronous one. The caller validates arguments before submitting.
-  // `opName` is a string literal naming the operation in messages.
-  template <typename Operation>
-  void run(const char* opName, Operation&& operation) {
-    runErased(opName, &invokeErased<std::remove_reference_t<Operation>>, &operation);
-  }
-  std::shared_ptr<Work> runAsync(const char* opName, std::function<void()> operation,
-                                 std::shared_ptr<void> keepAlive = nullptr);
+  // --- Point-to-point, over the group's own connections (see above and <ringtree/p2p.h>).
+  // dst/src are group ranks other than this one; src may be kAnySource; tag >= 0.
+
+  // Returns once tensor may be reused.
+  void send(const BufferView& tensor, int dst, int tag = 0);
+  // Returns once the message is in tensor, with the rank it came from.
+  int recv(const BufferView& tensor, int src, int tag = 0);
+  // The Work completes when tensor may be reused (isend) or holds the message (irecv;
+  // Work::sourceRank() names the sender).
+  std::shared_ptr<Work> isend(const BufferView& tensor, int dst, int tag = 0, std::shared_ptr<void> keepAlive = nullptr);
+  std::shared_ptr<Work> irecv(const BufferView& tensor, int src, int tag = 0, std::shared_ptr<void> keepAlive = nullptr);
+
+  // --- Life cycle.
 
   // Stops the group: later submissions throw Error. Operations already queued still run,
-  // in order (each bounded by its deadline), then the worker thread is joined; returns
-  // once nothing runs any more (an inline call on another thread included). Idempotent.
-  // From a Work callback on the worker it runs what is still queued itself.
+  // in order (each bounded by its deadline), then the worker thread is joined; pending
+  // point-to-point operations fail. Returns once nothing runs any more (an inline call on
+  // another thread included). Idempotent. From a Work callback on the worker it runs what
+  // is still queued itself.
   void shutdown();
   bool isShutdown() const;
 
   // Aborts the group: refuses later submissions (as shutdown() does), fails the queued
   // operations with Error without running them, makes the running one fail within about
   // 100 ms with Error wherever it waits (Communicator::abort), waits for it, stops the
-  // worker thread, and then closes the communicator's connections and node arena (its
-  // peers see this rank leave). Returns once all that is done. Idempotent. Must not be
-  // called from a Work callback.
+  // worker thread, and then closes the connections and the node arena (its peers see this
+  // rank leave). Returns once all that is done. Idempotent. Must not be called from a Work
+  // callback.
   void abort();
 
-  // How many synchronous calls ran on the calling thread (the fast path). A debug
-  // counter for tests.
-  uint64_t inlineCallCount() const { return inlineCalls_.load(std::memory_order_relaxed); }
+  // How many synchronous CPU collectives ran on the calling thread (the fast path). A
+  // debug counter for tests.
+  uint64_t inlineCallCount() const;
 
  private:
-  struct Task {
-    std::function<void()> run;
-    std::shared_ptr<Work> work;
-  };
+  // The engine for buffers of `device`'s type: the CPU engine, or this group's backend
+  // for that device type, made on first use. Throws InvalidArgument (`what` names the
+  // operation) when none is registered, Error after shutdown().
+  DeviceBackend& backendFor(const char* what, const Device& device);
+  DeviceBackend& makeDeviceBackend(const char* what, const Device& device);
 
-  template <typename Operation>
-  static void invokeErased(void* operation) {
-    (*static_cast<Operation*>(operation))();
-  }
-  // Runs invoke(operation) on this thread when the group is idle, else queues it and waits.
-  void runErased(const char* opName, void (*invoke)(void*), void* operation);
-  // Runs `operation` on this thread when the group is idle, else queues it and waits.
-  template <typename Operation>
-  void runSync(const char* opName, Operation& operation);
-  std::shared_ptr<Work> submit(const char* opName, std::function<void()> operation,
-                               std::shared_ptr<void> keepAlive);
-  // Starts the worker on first use (the caller wakes it after releasing mutex_); mutex_ held.
-  void startWorkerLocked();
-  void workerLoop(const std::atomic<bool>& alive);
-  // A Work whose unbounded wait() runs the queue up to it (see runQueuedUpTo) when the
-  // group is owned by a std::shared_ptr.
-  std::shared_ptr<Work> newWork(const char* opName, std::shared_ptr<void> keepAlive);
-  // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
-  // return, released while the task runs and while its Work finishes). Returns false,
-  // with mutex_ not held, when `alive` (the worker's flag) turned false meanwhile: a Work
-  // callback destroyed the group.
-  bool runFront(std::unique_lock<std::mutex>& lock, const std::atomic<bool>* alive);
-  // Work::wait()'s progress driver: runs the queued tasks up to and including `target`'s
-  // on the calling thread, while no other thread runs one and target is still queued.
-  void runQueuedUpTo(const Work* target);
-  void checkRoot(const char* opName, int root) const;
-
-  std::shared_ptr<Communicator> communicator_;
+  int rank_;
+  int size_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<detail::CpuBackend> cpu_;
+  // Backends of the other device types, by DeviceType; made under mutex_, never removed
+  // until destruction (so references handed out stay valid).
   mutable std::mutex mutex_;
-  // Signalled when a task is queued, when an operation finishes and at shutdown.
-  std::condition_variable stateCv_;
-  std::deque<Task> queue_;
-  bool busy_ = false;  // an operation is running (on the worker or inline)
-  bool shutdown_ = false;
-  bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
-  std::thread worker_;
-  std::atomic<uint64_t> inlineCalls_{0};
-  // Cleared by the destructor; the worker checks it after each Work's callbacks.
-  std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
+  std::array<std::unique_ptr<DeviceBackend>, kNumDeviceTypes> devices_;
+  bool shutdown_ = false;  // device backends are told once each (DeviceBackend's contract)
+  bool aborted_ = false;
 };
 
 }  // namespace ringtree

@@ -1,8 +1,10 @@
 #pragma once
 
 // Umbrella header for C++ users of ringtree: every public header.
+#include <ringtree/buffer.h>
 #include <ringtree/collectives.h>
 #include <ringtree/communicator.h>
+#include <ringtree/device_backend.h>
 #include <ringtree/error.h>
 #include <ringtree/export.h>
 #include <ringtree/options.h>

@@ -1,0 +1,178 @@
+#include "backends/operation_queue.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include <ringtree/error.h>
+
+namespace ringtree::detail {
+
+std::shared_ptr<OperationQueue> OperationQueue::create() {
+  return std::shared_ptr<OperationQueue>(new OperationQueue());
+}
+
+// shutdown() and abort() take worker_ before the worker ends, and the worker holds a
+// reference until it returns: worker_ is never joinable here.
+OperationQueue::~OperationQueue() = default;
+
+void OperationQueue::throwRefused(const char* opName) const {
+  throw Error(std::string(opName) + " on a ProcessGroup that has been " + (aborted_ ? "aborted" : "shut down"));
+}
+
+void OperationQueue::runErased(const char* opName, void (*invoke)(void*), void* operation) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (shutdown_) throwRefused(opName);
+  if (!busy_ && queue_.empty()) {
+    busy_ = true;
+    lock.unlock();
+    inlineCalls_.fetch_add(1, std::memory_order_relaxed);
+    struct Release {
+      OperationQueue& queue;
+      ~Release() {
+        std::lock_guard<std::mutex> guard(queue.mutex_);
+        queue.busy_ = false;
+        queue.stateCv_.notify_all();
+      }
+    } release{*this};
+    invoke(operation);
+    return;
+  }
+  auto work = newWork(opName, nullptr);
+  queue_.push_back(Task{[invoke, operation] { invoke(operation); }, work});
+  startWorkerLocked();
+  lock.unlock();
+  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
+  work->wait();
+}
+
+std::shared_ptr<Work> OperationQueue::submit(const char* opName, std::function<void()> operation,
+                                             std::shared_ptr<void> keepAlive) {
+  auto work = newWork(opName, std::move(keepAlive));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (shutdown_) throwRefused(opName);
+    queue_.push_back(Task{std::move(operation), work});
+    startWorkerLocked();
+  }
+  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
+  return work;
+}
+
+void OperationQueue::startWorkerLocked() {
+  if (!worker_.joinable()) {
+    worker_ = std::thread([self = shared_from_this()] { self->workerLoop(); });
+  }
+}
+
+std::shared_ptr<Work> OperationQueue::newWork(const char* opName, std::shared_ptr<void> keepAlive) {
+  auto work = std::make_shared<Work>(opName, std::move(keepAlive));
+  work->setProgressDriver([queue = weak_from_this(), target = work.get()](Work::Deadline deadline) {
+    if (deadline != Work::Deadline::max()) return;  // a bounded wait() must not start an operation
+    if (const auto alive = queue.lock()) alive->runQueuedUpTo(target);
+  });
+  return work;
+}
+
+void OperationQueue::workerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    stateCv_.wait(lock, [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); });
+    if (queue_.empty()) {
+      return;  // shut down and drained
+    }
+    runFront(lock);
+  }
+}
+
+void OperationQueue::runFront(std::unique_lock<std::mutex>& lock) {
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  busy_ = true;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    task.run();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  task.run = nullptr;
+  lock.lock();
+  busy_ = false;  // before finish(): a caller woken by it finds the queue idle
+  stateCv_.notify_all();
+  lock.unlock();
+  task.work->finish(error);  // runs the callbacks, which may shut the queue down
+  task.work.reset();
+  lock.lock();
+}
+
+void OperationQueue::runQueuedUpTo(const Work* target) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (busy_) return;  // another thread runs one: it also runs target's
+    const auto queued = std::find_if(queue_.begin(), queue_.end(),
+                                     [target](const Task& task) { return task.work.get() == target; });
+    if (queued == queue_.end()) return;  // taken by another thread, or dropped by abort()
+    const bool last = queued == queue_.begin();
+    runFront(lock);
+    if (last) return;
+  }
+}
+
+void OperationQueue::shutdown() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  shutdown_ = true;
+  stateCv_.notify_all();
+  std::thread worker = std::move(worker_);
+  if (worker.joinable() && worker.get_id() == std::this_thread::get_id()) {
+    // From a Work callback on the worker: it cannot join itself. It runs what is still
+    // queued here and ends once the callback returns (workerLoop sees the queue drained).
+    worker.detach();
+    for (;;) {
+      stateCv_.wait(lock, [this] { return !busy_; });  // an inline call on another thread runs first
+      if (queue_.empty()) break;
+      runFront(lock);
+    }
+  }
+  if (worker.joinable()) {
+    lock.unlock();
+    worker.join();
+    lock.lock();
+  }
+  stateCv_.wait(lock, [this] { return !busy_ && queue_.empty(); });
+}
+
+void OperationQueue::abort(int rank, const std::function<void()>& interrupt) {
+  std::deque<Task> dropped;
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shutdown_ = true;
+    aborted_ = true;
+    dropped.swap(queue_);
+    worker = std::move(worker_);
+  }
+  stateCv_.notify_all();
+  interrupt();
+  for (Task& task : dropped) {
+    task.work->finish(std::make_exception_ptr(Error(std::string(task.work->opName()) + " on rank " +
+                                                    std::to_string(rank) +
+                                                    " was aborted before it started: its process group was aborted")));
+  }
+  if (worker.joinable()) {
+    if (worker.get_id() == std::this_thread::get_id()) {
+      worker.detach();  // from a Work callback on the worker: it ends once the callback returns
+    } else {
+      worker.join();
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  stateCv_.wait(lock, [this] { return !busy_; });
+}
+
+bool OperationQueue::isShutdown() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shutdown_;
+}
+
+}  // namespace ringtree::detail

@@ -1,0 +1,103 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <ringtree/work.h>
+
+namespace ringtree::detail {
+
+// Runs one engine's operations one at a time, in submission order, whichever thread
+// submits them: the CPU engine's collectives over one communicator (which runs one
+// collective at a time), the contract of ProcessGroup's sync and async forms.
+//
+//  - runSync: runs the operation on the calling thread when nothing is queued or running
+//    (no hand-off, no allocation), else queues it and blocks until it ran; rethrows what
+//    it threw.
+//  - submit: queues the operation for the worker thread (started on first use) and
+//    returns its Work at once. The Work's unbounded wait() runs the queued operations up
+//    to its own on the waiting thread when no other thread runs one (sparing the worker's
+//    two wake-ups).
+//
+// Always owned by a std::shared_ptr (create()): the worker thread and the Works' progress
+// drivers hold references, so a Work callback may drop the engine's last reference to it
+// from any thread. Operations must not use anything that their owner destroys before it
+// called shutdown() or abort() (both wait until no operation runs any more).
+//
+// Threading: every member function may be called from any thread.
+class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
+ public:
+  static std::shared_ptr<OperationQueue> create();
+  ~OperationQueue();
+  OperationQueue(const OperationQueue&) = delete;
+  OperationQueue& operator=(const OperationQueue&) = delete;
+
+  // `opName` is a string literal naming the operation in messages. Both throw Error after
+  // shutdown() or abort() ("<opName> on a ProcessGroup that has been shut down").
+  template <typename Operation>
+  void runSync(const char* opName, Operation& operation) {
+    runErased(opName, &invokeErased<Operation>, &operation);
+  }
+  std::shared_ptr<Work> submit(const char* opName, std::function<void()> operation, std::shared_ptr<void> keepAlive);
+
+  // Refuses later submissions, lets the queued operations run in order, joins the worker
+  // and returns once nothing runs (an inline call on another thread included). From a
+  // Work callback on the worker it runs what is still queued itself (the worker ends
+  // once the callback returns). Idempotent.
+  void shutdown();
+  bool isShutdown() const;
+
+  // Refuses later submissions and fails the queued operations with Error without running
+  // them ("<opName> on rank <rank> was aborted before it started ..."), then joins the
+  // worker (which first finishes the operation it runs: the caller makes that fail
+  // fast) and returns once nothing runs. `interrupt` is called after the queue was
+  // emptied and before waiting (Communicator::abort). Idempotent.
+  void abort(int rank, const std::function<void()>& interrupt);
+
+  // How many runSync calls ran on the calling thread.
+  uint64_t inlineCallCount() const { return inlineCalls_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Task {
+    std::function<void()> run;
+    std::shared_ptr<Work> work;
+  };
+
+  OperationQueue() = default;
+
+  template <typename Operation>
+  static void invokeErased(void* operation) {
+    (*static_cast<Operation*>(operation))();
+  }
+  void runErased(const char* opName, void (*invoke)(void*), void* operation);
+  [[noreturn]] void throwRefused(const char* opName) const;
+  // Starts the worker on first use (the caller wakes it after releasing mutex_); mutex_ held.
+  void startWorkerLocked();
+  void workerLoop();
+  // A Work whose unbounded wait() runs the queue up to it (runQueuedUpTo).
+  std::shared_ptr<Work> newWork(const char* opName, std::shared_ptr<void> keepAlive);
+  // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
+  // return, released while the task runs and while its Work finishes).
+  void runFront(std::unique_lock<std::mutex>& lock);
+  // Work::wait()'s progress driver: runs the queued tasks up to and including `target`'s
+  // on the calling thread, while no other thread runs one and target is still queued.
+  void runQueuedUpTo(const Work* target);
+
+  mutable std::mutex mutex_;
+  // Signalled when a task is queued, when an operation finishes and at shutdown.
+  std::condition_variable stateCv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;  // an operation is running (on the worker, inline or in a driver)
+  bool shutdown_ = false;
+  bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
+  std::thread worker_;
+  std::atomic<uint64_t> inlineCalls_{0};
+};
+
+}  // namespace ringtree::detail

@@ -1,0 +1,560 @@
+#include "process_group.h"
+
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ringtree/communicator.h>
+#include <ringtree/error.h>
+#include <ringtree/options.h>
+#include <ringtree/process_group.h>
+#include <ringtree/store/store.h>
+
+#include "buffers.h"
+#include "work.h"
+
+namespace py = pybind11;
+
+// Conversion only: Python objects become BufferViews and options, and every check of
+// the arguments themselves is ProcessGroup's (its messages name torch's arguments).
+namespace ringtree::python {
+
+namespace {
+
+using Microseconds = std::chrono::microseconds;
+
+// A timedelta as the milliseconds of a deadline, rounded up so that a positive timeout
+// never becomes "none" (0). Negative ones stay negative, for the core to refuse.
+std::chrono::milliseconds toMilliseconds(Microseconds timeout) {
+  return std::chrono::ceil<std::chrono::milliseconds>(timeout);
+}
+
+// `op` is a ReduceOp.RedOpType (an int) or a ReduceOp instance (.op, and .factor for
+// PREMUL_SUM), as torch.distributed accepts both.
+void parseReduceOp(py::handle op, ReduceOp& out, double& factor) {
+  py::handle code = op;
+  py::object inner;
+  if (!PyLong_Check(op.ptr())) {
+    if (py::hasattr(op, "op")) {
+      inner = op.attr("op");
+    }
+    if (!inner || !PyLong_Check(inner.ptr())) {
+      throw py::type_error(std::string("op must be a ReduceOp or a ReduceOp.RedOpType, got ") +
+                           Py_TYPE(op.ptr())->tp_name);
+    }
+    code = inner;
+  }
+  const long value = PyLong_AsLong(code.ptr());
+  if (value == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+  }
+  if (value < 0 || value >= kNumReduceOps) {
+    throw InvalidArgument("unknown reduce op " + std::string(py::str(code)) + "; expected a ReduceOp");
+  }
+  out = static_cast<ReduceOp>(value);
+  if (out != ReduceOp::kPremulSum) {
+    return;
+  }
+  py::object factorObject = code.ptr() == op.ptr() ? py::none() : py::getattr(op, "factor", py::none());
+  if (factorObject.is_none()) {
+    throw InvalidArgument("ReduceOp.PREMUL_SUM needs a factor: pass ReduceOp(ReduceOp.PREMUL_SUM, factor)");
+  }
+  factor = PyFloat_AsDouble(factorObject.ptr());
+  if (factor == -1.0 && PyErr_Occurred()) {
+    throw py::error_already_set();
+  }
+}
+
+// The `algorithm=` keyword of the Python collectives: None keeps the automatic choice.
+Algorithm parseAlgorithmArgument(py::handle algorithm) {
+  if (algorithm.is_none()) {
+    return Algorithm::kAuto;
+  }
+  if (!py::isinstance<py::str>(algorithm)) {
+    throw py::type_error(std::string("algorithm must be a str or None, got ") + Py_TYPE(algorithm.ptr())->tp_name);
+  }
+  return parseAlgorithm(algorithm.cast<std::string>().c_str());
+}
+
+template <typename Options>
+Options optionsWith(py::handle algorithm) {
+  Options options;
+  options.algorithm = parseAlgorithmArgument(algorithm);
+  return options;
+}
+
+// all_to_all_single's split sizes: None or a sequence of ints (empty: equal parts).
+std::vector<int64_t> parseSplitSizes(py::handle sizes, const char* name) {
+  std::vector<int64_t> parsed;
+  if (sizes.is_none()) return parsed;
+  if (!PySequence_Check(sizes.ptr())) {
+    throw py::type_error(std::string("all_to_all_single: ") + name + " must be a list of ints, got " +
+                         Py_TYPE(sizes.ptr())->tp_name);
+  }
+  for (py::handle size : py::reinterpret_borrow<py::sequence>(sizes)) {
+    if (!PyLong_Check(size.ptr())) {
+      throw py::type_error(std::string("all_to_all_single: ") + name + " must be a list of ints, got an element of type " +
+                           Py_TYPE(size.ptr())->tp_name);
+    }
+    parsed.push_back(size.cast<int64_t>());
+  }
+  return parsed;
+}
+
+// The buffers one call borrows: on the stack for a synchronous call, owned by the Work of
+// an asynchronous one (its keep-alive), so that they stay borrowed until it completes.
+// Borrowed with the GIL held; released on any thread (see Buffer).
+class Borrowed {
+ public:
+  explicit Borrowed(const char* what) : what_(what) {}
+
+  BufferView one(py::handle object, Access access) {
+    buffers_.emplace_back(object, access, what_);
+    return buffers_.back().view();
+  }
+
+  // Every element of `list` (the argument `name`), which must be a list or a tuple
+  // (TypeError otherwise); None is an empty list when `noneIsEmpty`.
+  std::vector<BufferView> list(py::handle list, Access access, const char* name, bool noneIsEmpty = false) {
+    std::vector<BufferView> views;
+    if (noneIsEmpty && list.is_none()) return views;
+    if (!PyList_Check(list.ptr()) && !PyTuple_Check(list.ptr())) {
+      throw py::type_error(std::string(what_) + ": " + name + " must be a list of tensors, got " +
+                           Py_TYPE(list.ptr())->tp_name);
+    }
+    const auto elements = py::reinterpret_borrow<py::sequence>(list);
+    views.reserve(elements.size());
+    buffers_.reserve(buffers_.size() + elements.size());
+    for (py::handle element : elements) views.push_back(one(element, access));
+    return views;
+  }
+
+ private:
+  const char* what_;
+  std::vector<Buffer> buffers_;
+};
+
+// A call over the buffers `borrowed` holds: with asyncOp, submitted by async(keepAlive)
+// with them as the Work's keep-alive and outputs() attached for Work.result() (returns
+// the Work); else sync() at once with the GIL released (returns None).
+template <typename Sync, typename Async, typename Outputs>
+py::object run(bool asyncOp, Borrowed& borrowed, const Sync& sync, const Async& async, const Outputs& outputs) {
+  if (asyncOp) {
+    return pythonWork(async(std::make_shared<Borrowed>(std::move(borrowed))), outputs());
+  }
+  py::gil_scoped_release release;
+  sync();
+  return py::none();
+}
+
+// The same for the calls on one buffer, which need no Borrowed on the synchronous path.
+template <typename Sync, typename Async>
+py::object runOne(bool asyncOp, Buffer& buffer, py::handle tensor, const Sync& sync, const Async& async) {
+  const BufferView view = buffer.view();
+  if (asyncOp) {
+    py::list outputs;
+    outputs.append(tensor);
+    return pythonWork(async(view, std::make_shared<Buffer>(std::move(buffer))), std::move(outputs));
+  }
+  py::gil_scoped_release release;
+  sync(view);
+  return py::none();
+}
+
+py::list listOf(py::handle tensor) {
+  py::list list;
+  list.append(tensor);
+  return list;
+}
+
+// A new list of the elements of `sequence` (a list or a tuple the call already read).
+py::list copyOf(py::handle sequence) {
+  PyObject* list = PySequence_List(sequence.ptr());
+  if (list == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::list>(list);
+}
+
+using KeepAlive = std::shared_ptr<void>;
+
+py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm) {
+  auto options = optionsWith<AllreduceOptions>(algorithm);
+  parseReduceOp(op, options.op, options.premulFactor);
+  Buffer buffer(tensor, Access::kReadWrite, "all_reduce");
+  return runOne(
+      asyncOp, buffer, tensor, [&](const BufferView& view) { group.allreduce(view, options); },
+      [&](const BufferView& view, KeepAlive keepAlive) { return group.allreduceAsync(view, options, keepAlive); });
+}
+
+py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp, py::handle algorithm) {
+  auto options = optionsWith<BroadcastOptions>(algorithm);
+  options.root = root;
+  Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast");
+  return runOne(
+      asyncOp, buffer, tensor, [&](const BufferView& view) { group.broadcast(view, options); },
+      [&](const BufferView& view, KeepAlive keepAlive) { return group.broadcastAsync(view, options, keepAlive); });
+}
+
+py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle op, bool asyncOp,
+                  py::handle algorithm) {
+  auto options = optionsWith<ReduceOptions>(algorithm);
+  options.root = root;
+  parseReduceOp(op, options.op, options.premulFactor);
+  Buffer buffer(tensor, Access::kReadWrite, "reduce");
+  return runOne(
+      asyncOp, buffer, tensor, [&](const BufferView& view) { group.reduce(view, options); },
+      [&](const BufferView& view, KeepAlive keepAlive) { return group.reduceAsync(view, options, keepAlive); });
+}
+
+py::object allreduceCoalesced(ProcessGroup& group, py::handle tensors, py::handle op, bool asyncOp) {
+  AllreduceOptions options;
+  parseReduceOp(op, options.op, options.premulFactor);
+  Borrowed borrowed("all_reduce_coalesced");
+  const auto views = borrowed.list(tensors, Access::kReadWrite, "tensors");
+  return run(
+      asyncOp, borrowed, [&] { group.allreduceCoalesced(views, options); },
+      [&](KeepAlive keepAlive) { return group.allreduceCoalescedAsync(views, options, keepAlive); },
+      [&] { return copyOf(tensors); });
+}
+
+py::object allgather(ProcessGroup& group, py::handle tensorList, py::handle tensor, bool asyncOp,
+                     py::handle algorithm) {
+  const auto options = optionsWith<AllgatherOptions>(algorithm);
+  Borrowed borrowed("all_gather");
+  const BufferView input = borrowed.one(tensor, Access::kRead);
+  const auto outputs = borrowed.list(tensorList, Access::kReadWrite, "tensor_list");
+  return run(
+      asyncOp, borrowed, [&] { group.allgather(outputs, input, options); },
+      [&](KeepAlive keepAlive) { return group.allgatherAsync(outputs, input, options, keepAlive); },
+      [&] { return copyOf(tensorList); });
+}
+
+py::object allgatherSingle(ProcessGroup& group, py::handle outputTensor, py::handle inputTensor, bool asyncOp,
+                           py::handle algorithm) {
+  const auto options = optionsWith<AllgatherOptions>(algorithm);
+  Borrowed borrowed("all_gather_single");
+  const BufferView output = borrowed.one(outputTensor, Access::kReadWrite);
+  const BufferView input = borrowed.one(inputTensor, Access::kRead);
+  return run(
+      asyncOp, borrowed, [&] { group.allgatherSingle(output, input, options); },
+      [&](KeepAlive keepAlive) { return group.allgatherSingleAsync(output, input, options, keepAlive); },
+      [&] { return listOf(outputTensor); });
+}
+
+py::object allgatherCoalesced(ProcessGroup& group, py::handle outputTensorLists, py::handle inputTensorList,
+                              bool asyncOp) {
+  Borrowed borrowed("all_gather_coalesced");
+  const auto inputs = borrowed.list(inputTensorList, Access::kRead, "input_tensor_list");
+  if (!PyList_Check(outputTensorLists.ptr()) && !PyTuple_Check(outputTensorLists.ptr())) {
+    throw py::type_error(std::string("all_gather_coalesced: output_tensor_lists must be a list of lists of tensors, "
+                                     "got ") + Py_TYPE(outputTensorLists.ptr())->tp_name);
+  }
+  std::vector<std::vector<BufferView>> outputs;
+  py::list flattened;
+  size_t r = 0;
+  for (py::handle list : py::reinterpret_borrow<py::sequence>(outputTensorLists)) {
+    const std::string name = "output_tensor_lists[" + std::to_string(r++) + "]";
+    outputs.push_back(borrowed.list(list, Access::kReadWrite, name.c_str()));
+    for (py::handle tensor : py::reinterpret_borrow<py::sequence>(list)) flattened.append(tensor);
+  }
+  return run(
+      asyncOp, borrowed, [&] { group.allgatherCoalesced(outputs, inputs); },
+      [&](KeepAlive keepAlive) { return group.allgatherCoalescedAsync(outputs, inputs, {}, keepAlive); },
+      [&] { return flattened; });
+}
+
+py::object allgatherSingleCoalesced(ProcessGroup& group, py::handle outputTensors, py::handle inputTensors,
+                                    bool asyncOp) {
+  Borrowed borrowed("all_gather_single_coalesced");
+  const auto outputs = borrowed.list(outputTensors, Access::kReadWrite, "output_tensors");
+  const auto inputs = borrowed.list(inputTensors, Access::kRead, "input_tensors");
+  return run(
+      asyncOp, borrowed, [&] { group.allgatherSingleCoalesced(outputs, inputs); },
+      [&](KeepAlive keepAlive) { return group.allgatherSingleCoalescedAsync(outputs, inputs, {}, keepAlive); },
+      [&] { return copyOf(outputTensors); });
+}
+
+py::object gather(ProcessGroup& group, py::handle tensor, py::handle gatherList, int root, bool asyncOp,
+                  py::handle algorithm) {
+  auto options = optionsWith<GatherOptions>(algorithm);
+  options.root = root;
+  Borrowed borrowed("gather");
+  const BufferView input = borrowed.one(tensor, Access::kRead);
+  const auto outputs = borrowed.list(gatherList, Access::kReadWrite, "gather_list", /*noneIsEmpty=*/true);
+  return run(
+      asyncOp, borrowed, [&] { group.gather(input, outputs, options); },
+      [&](KeepAlive keepAlive) { return group.gatherAsync(input, outputs, options, keepAlive); },
+      [&] { return root == group.rank() ? copyOf(gatherList) : py::list(); });
+}
+
+py::object scatter(ProcessGroup& group, py::handle tensor, py::handle scatterList, int root, bool asyncOp,
+                   py::handle algorithm) {
+  auto options = optionsWith<ScatterOptions>(algorithm);
+  options.root = root;
+  Borrowed borrowed("scatter");
+  const BufferView output = borrowed.one(tensor, Access::kReadWrite);
+  const auto inputs = borrowed.list(scatterList, Access::kRead, "scatter_list", /*noneIsEmpty=*/true);
+  return run(
+      asyncOp, borrowed, [&] { group.scatter(output, inputs, options); },
+      [&](KeepAlive keepAlive) { return group.scatterAsync(output, inputs, options, keepAlive); },
+      [&] { return listOf(tensor); });
+}
+
+py::object reduceScatter(ProcessGroup& group, py::handle output, py::handle inputList, py::handle op, bool asyncOp,
+                         py::handle algorithm) {
+  auto options = optionsWith<ReduceScatterOptions>(algorithm);
+  parseReduceOp(op, options.op, options.premulFactor);
+  Borrowed borrowed("reduce_scatter");
+  const BufferView out = borrowed.one(output, Access::kReadWrite);
+  const auto inputs = borrowed.list(inputList, Access::kRead, "input_list");
+  return run(
+      asyncOp, borrowed, [&] { group.reduceScatter(out, inputs, options); },
+      [&](KeepAlive keepAlive) { return group.reduceScatterAsync(out, inputs, options, keepAlive); },
+      [&] { return listOf(output); });
+}
+
+py::object reduceScatterSingle(ProcessGroup& group, py::handle output, py::handle input, py::handle op, bool asyncOp,
+                               py::handle algorithm) {
+  auto options = optionsWith<ReduceScatterOptions>(algorithm);
+  parseReduceOp(op, options.op, options.premulFactor);
+  Borrowed borrowed("reduce_scatter_single");
+  const BufferView out = borrowed.one(output, Access::kReadWrite);
+  const BufferView in = borrowed.one(input, Access::kRead);
+  return run(
+      asyncOp, borrowed, [&] { group.reduceScatterSingle(out, in, options); },
+      [&](KeepAlive keepAlive) { return group.reduceScatterSingleAsync(out, in, options, keepAlive); },
+      [&] { return listOf(output); });
+}
+
+py::object reduceScatterSingleCoalesced(ProcessGroup& group, py::handle outputs, py::handle inputs, py::handle op,
+                                        bool asyncOp) {
+  ReduceScatterOptions options;
+  parseReduceOp(op, options.op, options.premulFactor);
+  Borrowed borrowed("reduce_scatter_single_coalesced");
+  const auto outs = borrowed.list(outputs, Access::kReadWrite, "outputs");
+  const auto ins = borrowed.list(inputs, Access::kRead, "inputs");
+  return run(
+      asyncOp, borrowed, [&] { group.reduceScatterSingleCoalesced(outs, ins, options); },
+      [&](KeepAlive keepAlive) { return group.reduceScatterSingleCoalescedAsync(outs, ins, options, keepAlive); },
+      [&] { return copyOf(outputs); });
+}
+
+py::object alltoall(ProcessGroup& group, py::handle outputTensorList, py::handle inputTensorList, bool asyncOp,
+                    py::handle algorithm) {
+  const auto options = optionsWith<AlltoallOptions>(algorithm);
+  Borrowed borrowed("all_to_all");
+  const auto outputs = borrowed.list(outputTensorList, Access::kReadWrite, "output_tensor_list");
+  const auto inputs = borrowed.list(inputTensorList, Access::kRead, "input_tensor_list");
+  return run(
+      asyncOp, borrowed, [&] { group.alltoall(outputs, inputs, options); },
+      [&](KeepAlive keepAlive) { return group.alltoallAsync(outputs, inputs, options, keepAlive); },
+      [&] { return copyOf(outputTensorList); });
+}
+
+py::object alltoallSingle(ProcessGroup& group, py::handle output, py::handle input, py::handle outputSplitSizes,
+                          py::handle inputSplitSizes, bool asyncOp, py::handle algorithm) {
+  const auto options = optionsWith<AlltoallOptions>(algorithm);
+  const std::vector<int64_t> outputSplits = parseSplitSizes(outputSplitSizes, "output_split_sizes");
+  const std::vector<int64_t> inputSplits = parseSplitSizes(inputSplitSizes, "input_split_sizes");
+  Borrowed borrowed("all_to_all_single");
+  const BufferView out = borrowed.one(output, Access::kReadWrite);
+  const BufferView in = borrowed.one(input, Access::kRead);
+  return run(
+      asyncOp, borrowed, [&] { group.alltoallSingle(out, in, outputSplits, inputSplits, options); },
+      [&](KeepAlive keepAlive) {
+        return group.alltoallSingleAsync(out, in, outputSplits, inputSplits, options, keepAlive);
+      },
+      [&] { return listOf(output); });
+}
+
+py::object barrier(ProcessGroup& group, std::optional<Microseconds> timeout, bool asyncOp) {
+  BarrierOptions options;
+  if (timeout.has_value()) {
+    options.timeout = toMilliseconds(*timeout);
+    if (options.timeout.count() == 0) {  // 0 would mean "the group's timeout"
+      throw InvalidArgument("barrier: timeout must be positive, got 0");
+    }
+  }
+  if (asyncOp) {
+    return pythonWork(group.barrierAsync(options), py::list());
+  }
+  py::gil_scoped_release release;
+  group.barrier(options);
+  return py::none();
+}
+
+// Point-to-point. The engine is entered without the GIL (its progress thread may need it
+// to release a finished operation's buffer); a blocking call's buffer is released after
+// the GIL is taken back.
+void send(ProcessGroup& group, py::handle tensor, int dst, int tag) {
+  const Buffer buffer(tensor, Access::kRead, "send");
+  py::gil_scoped_release release;
+  group.send(buffer.view(), dst, tag);
+}
+
+int recv(ProcessGroup& group, py::handle tensor, int src, int tag) {
+  const Buffer buffer(tensor, Access::kReadWrite, "recv");
+  py::gil_scoped_release release;
+  return group.recv(buffer.view(), src, tag);
+}
+
+py::object isend(ProcessGroup& group, py::handle tensor, int dst, int tag) {
+  auto buffer = std::make_shared<Buffer>(tensor, Access::kRead, "isend");
+  const BufferView view = buffer->view();
+  std::shared_ptr<Work> work;
+  {
+    py::gil_scoped_release release;
+    work = group.isend(view, dst, tag, std::move(buffer));
+  }
+  return pythonWork(std::move(work), listOf(tensor));
+}
+
+py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
+  auto buffer = std::make_shared<Buffer>(tensor, Access::kReadWrite, "irecv");
+  const BufferView view = buffer->view();
+  std::shared_ptr<Work> work;
+  {
+    py::gil_scoped_release release;
+    work = group.irecv(view, src, tag, std::move(buffer));
+  }
+  return pythonWork(std::move(work), listOf(tensor));
+}
+
+// A group's last reference may go away with the GIL held; its worker or progress thread
+// may need the GIL to finish (releasing a buffer), so the group is destroyed without it.
+std::shared_ptr<ProcessGroup> releasedWithoutGil(std::shared_ptr<ProcessGroup> group) {
+  ProcessGroup* raw = group.get();
+  return std::shared_ptr<ProcessGroup>(raw, [owner = std::move(group)](ProcessGroup*) mutable {
+    if (pythonIsFinalizing()) {
+      new std::shared_ptr<ProcessGroup>(std::move(owner));  // its threads may be blocked in Python: leak it
+      return;
+    }
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      owner.reset();
+    } else {
+      owner.reset();
+    }
+  });
+}
+
+TransportKind parseTransport(const std::string& name) {
+  if (name == "auto") return TransportKind::kAuto;
+  if (name == "tcp") return TransportKind::kTcp;
+  if (name == "shm") return TransportKind::kShm;
+  throw InvalidArgument("unknown transport '" + name + "'; expected 'auto', 'tcp' or 'shm'");
+}
+
+}  // namespace
+
+void initProcessGroup(py::module_& m) {
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator",
+                                                          "rank + size + one connection per peer (private API).")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("timeout", &Communicator::timeout)
+      .def("transport_to", &Communicator::transportTo, py::arg("peer"),
+           "'self', 'tcp' or 'shm': how this rank reaches peer.");
+
+  py::class_<ProcessGroup, std::shared_ptr<ProcessGroup>>(m, "ProcessGroup", R"(The native backend of a group (private API).
+
+Every collective and point-to-point call of the group enters here; arguments are checked
+before anything moves. Collectives run in submission order; a synchronous one runs on the
+calling thread when nothing is pending. Buffers are torch tensors, NumPy arrays or any
+object with __dlpack__ or the buffer protocol, used in place; ranks are group ranks.)")
+      .def_static(
+          "create",
+          [](std::shared_ptr<Store> store, int rank, int size, Microseconds timeout, const std::string& transport,
+             const std::string& interface) {
+            if (!store) {
+              throw InvalidArgument("ProcessGroup.create needs a store, got None");
+            }
+            CommunicatorOptions options;
+            options.transport = parseTransport(transport);
+            options.interface = interface;
+            options.timeout = toMilliseconds(timeout);
+            std::shared_ptr<ProcessGroup> group;
+            {
+              py::gil_scoped_release release;
+              group = ProcessGroup::create(std::move(store), rank, size, options);
+            }
+            return releasedWithoutGil(std::move(group));
+          },
+          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport") = "auto",
+          py::arg("interface") = "",
+          "Connects the group's ranks through store (a collective over the size ranks; keys under comm/ and p2p/); "
+          "blocks until done.")
+      .def("allreduce", &allreduce, py::arg("tensor"), py::arg("op"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "In place: tensor <- op over every rank's tensor. Returns a Work if async_op, else None.")
+      .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(), "In place: tensor <- root's tensor.")
+      .def("reduce", &reduce, py::arg("tensor"), py::arg("root"), py::arg("op"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "In place on root: tensor <- op over every rank's tensor; the others' are left unchanged.")
+      .def("allgather", &allgather, py::arg("tensor_list"), py::arg("tensor"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "tensor_list[r] <- rank r's tensor (one buffer per rank; sizes may differ by rank).")
+      .def("allgather_single", &allgatherSingle, py::arg("output_tensor"), py::arg("input_tensor"),
+           py::arg("async_op"), py::arg("algorithm") = py::none(),
+           "output_tensor (world_size times input_tensor's size) <- every rank's input_tensor, in rank order.")
+      .def("gather", &gather, py::arg("tensor"), py::arg("gather_list"), py::arg("root"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "On root: gather_list[r] <- rank r's tensor; gather_list is None on the other ranks.")
+      .def("scatter", &scatter, py::arg("tensor"), py::arg("scatter_list"), py::arg("root"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "tensor <- root's scatter_list[rank]; scatter_list is None on the other ranks.")
+      .def("reduce_scatter", &reduceScatter, py::arg("output"), py::arg("input_list"), py::arg("op"),
+           py::arg("async_op"), py::arg("algorithm") = py::none(), "output <- op over every rank's input_list[rank].")
+      .def("reduce_scatter_single", &reduceScatterSingle, py::arg("output"), py::arg("input"), py::arg("op"),
+           py::arg("async_op"), py::arg("algorithm") = py::none(),
+           "output <- op over every rank's part `rank` of input (world_size equal parts, end to end).")
+      .def("alltoall", &alltoall, py::arg("output_tensor_list"), py::arg("input_tensor_list"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(), "output_tensor_list[r] <- rank r's input_tensor_list[rank].")
+      .def("alltoall_single", &alltoallSingle, py::arg("output"), py::arg("input"),
+           py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("async_op"),
+           py::arg("algorithm") = py::none(),
+           "Part r of output <- part `rank` of rank r's input; parts are cut along dim 0, the split sizes' rows "
+           "each (None or empty: world_size equal parts). input and output must not overlap.")
+      .def("allreduce_coalesced", &allreduceCoalesced, py::arg("tensors"), py::arg("op"), py::arg("async_op"),
+           "In place: every tensors[i] <- op over every rank's tensors[i], as one operation.")
+      .def("allgather_coalesced", &allgatherCoalesced, py::arg("output_tensor_lists"), py::arg("input_tensor_list"),
+           py::arg("async_op"), "output_tensor_lists[r][i] <- rank r's input_tensor_list[i], as one operation.")
+      .def("allgather_single_coalesced", &allgatherSingleCoalesced, py::arg("output_tensors"),
+           py::arg("input_tensors"), py::arg("async_op"),
+           "allgather_single(output_tensors[i], input_tensors[i]) for every i, as one operation.")
+      .def("reduce_scatter_single_coalesced", &reduceScatterSingleCoalesced, py::arg("outputs"), py::arg("inputs"),
+           py::arg("op"), py::arg("async_op"),
+           "reduce_scatter_single(outputs[i], inputs[i]) for every i, as one operation.")
+      .def("barrier", &barrier, py::arg("timeout"), py::arg("async_op"),
+           "Returns once every rank entered the barrier (timeout: timedelta, or None for the group's).")
+      .def("send", &send, py::arg("tensor"), py::arg("dst"), py::arg("tag"),
+           "Sends tensor to the group rank dst; returns once tensor may be reused.")
+      .def("recv", &recv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
+           "Receives into tensor from the group rank src (-1: any rank); returns the sender's group rank.")
+      .def("isend", &isend, py::arg("tensor"), py::arg("dst"), py::arg("tag"),
+           "Sends tensor to the group rank dst; the Work completes when tensor may be reused.")
+      .def("irecv", &irecv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
+           "Receives into tensor from the group rank src (-1: any rank; Work.source_rank() names it).")
+      .def("shutdown", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>(),
+           "Refuses new operations, runs the queued collectives, stops the worker thread and fails pending "
+           "point-to-point operations.")
+      .def("abort", &ProcessGroup::abort, py::call_guard<py::gil_scoped_release>(),
+           "Aborts the group: the running collective fails within about 100 ms, queued ones fail without running, "
+           "and the connections and shared memory are released.")
+      .def_property_readonly("rank", &ProcessGroup::rank)
+      .def_property_readonly("size", &ProcessGroup::size)
+      .def_property_readonly("communicator", &ProcessGroup::communicator, py::return_value_policy::reference_internal,
+                             "The communicator of the group's collectives (diagnostics).")
+      .def_property_readonly("is_shutdown", &ProcessGroup::isShutdown)
+      .def_property_readonly("_inline_call_count", &ProcessGroup::inlineCallCount,
+                             "How many synchronous collectives ran on the calling thread (a debug counter).");
+  m.attr("ANY_SOURCE") = ProcessGroup::kAnySource;
+}
+
+}  // namespace ringtree::python

@@ -1,0 +1,19 @@
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+#include <ringtree/work.h>
+
+namespace ringtree::python {
+
+// Binds Work with torch 2.13's Work API: wait(timeout), is_completed(), is_success(),
+// exception(), source_rank(), result(), get_future() and synchronize().
+void initWork(pybind11::module_& m);
+
+// The Work of an asynchronous call as Python sees it: `outputs` (the tensors the operation
+// writes) attached for result() and get_future(). GIL held.
+pybind11::object pythonWork(std::shared_ptr<Work> work, pybind11::list outputs);
+
+}  // namespace ringtree::python
