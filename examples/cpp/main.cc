@@ -29,18 +29,19 @@ namespace {
 constexpr size_t kCount = 1000;
 constexpr int kRoot = 0;
 
-// Runs the collectives as `rank` of `size` over `store`; returns the number of wrong
-// elements. Throws ringtree::Error on a communication failure.
+// Runs the collectives as `rank` of `size` over `store`, through the group's
+// ProcessGroup; returns the number of wrong elements. Throws ringtree::Error on a
+// communication failure.
 size_t runRank(const std::shared_ptr<ringtree::Store>& store, int rank, int size) {
-  auto group = std::make_shared<ringtree::PrefixStore>("allreduce_example", store);
-  auto comm = ringtree::Communicator::create(group, rank, size);
+  auto group = ringtree::ProcessGroup::create(std::make_shared<ringtree::PrefixStore>("allreduce_example", store),
+                                              rank, size);
 
   // Small integers are exact in float32, so the sum has one right answer.
   std::vector<float> data(kCount);
   for (size_t i = 0; i < kCount; ++i) {
     data[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 7);
   }
-  ringtree::allreduce(*comm, data.data(), data.size(), ringtree::DataType::kFloat32);
+  group->allreduce(ringtree::BufferView(data.data(), data.size()));
   const float rankSum = static_cast<float>(size * (size + 1) / 2);
   size_t wrong = 0;
   for (size_t i = 0; i < kCount; ++i) {
@@ -50,11 +51,12 @@ size_t runRank(const std::shared_ptr<ringtree::Store>& store, int rank, int size
   std::vector<float> message(kCount, rank == kRoot ? 42.0f : -1.0f);
   ringtree::BroadcastOptions options;
   options.root = kRoot;
-  ringtree::broadcast(*comm, message.data(), message.size(), ringtree::DataType::kFloat32, options);
+  auto work = group->broadcastAsync(ringtree::BufferView(message.data(), message.size()), options);
+  work->wait();
   for (float value : message) {
     wrong += value != 42.0f ? 1 : 0;
   }
-  ringtree::barrier(*comm);
+  group->barrier();
 
   std::printf("rank %d/%d: allreduce sum data[6] = %g (expected %g), broadcast from %d, %zu wrong\n",
               rank, size, static_cast<double>(data[6]), static_cast<double>(rankSum * 6.0f), kRoot,
