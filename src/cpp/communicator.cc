@@ -236,6 +236,22 @@ std::string CommunicatorImpl::dumpFlightRecord(const std::string& reason) const 
 
 }  // namespace detail
 
+const char* transportKindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kAuto: return "auto";
+    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kShm: return "shm";
+  }
+  return "?";
+}
+
+TransportKind parseTransportKind(const std::string& name) {
+  for (const TransportKind kind : {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm}) {
+    if (name == transportKindName(kind)) return kind;
+  }
+  throw InvalidArgument("unknown transport '" + name + "'; expected 'auto', 'tcp' or 'shm'");
+}
+
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    const CommunicatorOptions& options) {
   if (store == nullptr) throw InvalidArgument("Communicator::create: store is null");

@@ -18,6 +18,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/socket.h"
+#include "common/text.h"
 #include "rendezvous/host_identity.h"
 #include "transport/shm/unix_socket.h"
 
@@ -86,25 +87,6 @@ constexpr milliseconds kConnectAttempt = std::chrono::seconds(5);
 constexpr milliseconds kFirstBackoff{10};
 constexpr milliseconds kMaxBackoff{1000};
 
-const char* transportName(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kAuto: return "auto";
-    case TransportKind::kTcp: return "tcp";
-    case TransportKind::kShm: return "shm";
-  }
-  return "?";
-}
-
-bool parseTransport(const std::string& text, TransportKind* kind) {
-  for (const TransportKind k : {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm}) {
-    if (text == transportName(k)) {
-      *kind = k;
-      return true;
-    }
-  }
-  return false;
-}
-
 // One rank's published record: who it is and how to reach it.
 struct PeerRecord {
   HostIdentity host;
@@ -133,23 +115,11 @@ Bytes encodeRecord(const PeerRecord& r) {
   Bytes out(kRecordMagic, kRecordMagic + 4);
   for (const std::string& field :
        {r.host.hostname, r.host.bootId, std::to_string(r.pid), std::to_string(r.size),
-        std::string(transportName(r.transport)), r.tcpHost, std::to_string(r.tcpPort), r.tcpOrigin,
+        std::string(transportKindName(r.transport)), r.tcpHost, std::to_string(r.tcpPort), r.tcpOrigin,
         r.shmName}) {
     appendField(&out, field);
   }
   return out;
-}
-
-bool parseInteger(const std::string& text, int64_t min, int64_t max, int64_t* out) {
-  if (text.empty() || text.size() > 19) return false;
-  int64_t value = 0;
-  for (const char c : text) {
-    if (c < '0' || c > '9') return false;
-    value = value * 10 + (c - '0');
-  }
-  if (value < min || value > max) return false;
-  *out = value;
-  return true;
 }
 
 // Returns false for a malformed record.
@@ -170,8 +140,13 @@ bool decodeRecord(const Bytes& in, PeerRecord* r) {
   int64_t pid = 0;
   int64_t size = 0;
   int64_t port = 0;
-  if (!parseInteger(fields[2], 0, INT64_MAX, &pid) || !parseInteger(fields[3], 1, INT32_MAX, &size) ||
-      !parseTransport(fields[4], &r->transport) || !parseInteger(fields[6], 1, 65535, &port)) {
+  if (!text::parseInteger(fields[2], 0, INT64_MAX, &pid) || !text::parseInteger(fields[3], 1, INT32_MAX, &size) ||
+      !text::parseInteger(fields[6], 1, 65535, &port)) {
+    return false;
+  }
+  try {
+    r->transport = parseTransportKind(fields[4]);
+  } catch (const InvalidArgument&) {
     return false;
   }
   r->host = {fields[0], fields[1]};
@@ -199,12 +174,6 @@ Nonce randomNonce() {
     filled += static_cast<size_t>(n);
   }
   return nonce;
-}
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::string text;
-  for (const int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
-  return text;
 }
 
 // A listening TCP socket on port 0 and the address that peers should connect to.
@@ -348,9 +317,8 @@ class MeshBuilder {
         if (!store_.check({keys[i]})) missing.push_back(ranks[i]);
       }
       if (missing.empty()) throw;
-      throw StoreError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": rank" +
-                       (missing.size() > 1 ? "s " : " ") + rankList(missing) +
-                       " did not publish an address (store keys 'rt/comm/addr/<rank>') within " +
+      throw StoreError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
+                       text::rankList(missing) + " did not publish an address (store keys 'rt/comm/addr/<rank>') within " +
                        std::to_string(elapsedMs()) +
                        " ms; did every rank start, with the same store and world size?");
     }
@@ -400,8 +368,8 @@ class MeshBuilder {
     const TransportKind theirs = record(peer).transport;
     if ((mine == TransportKind::kTcp && theirs == TransportKind::kShm) ||
         (mine == TransportKind::kShm && theirs == TransportKind::kTcp)) {
-      throw InvalidArgument("rank " + std::to_string(rank_) + " uses transport '" + transportName(mine) +
-                            "' but rank " + std::to_string(peer) + " uses '" + transportName(theirs) +
+      throw InvalidArgument("rank " + std::to_string(rank_) + " uses transport '" + transportKindName(mine) +
+                            "' but rank " + std::to_string(peer) + " uses '" + transportKindName(theirs) +
                             "' (CommunicatorOptions::transport / RINGTREE_TRANSPORT must agree)");
     }
     if (mine == TransportKind::kTcp || theirs == TransportKind::kTcp) return Route::kTcp;
@@ -580,8 +548,7 @@ class MeshBuilder {
         for (int r = 1; r < size_; ++r) {
           if (!granted[static_cast<size_t>(r)]) ranks.push_back(r);
         }
-        throw NetworkError("rank 0: rank" + std::string(ranks.size() > 1 ? "s " : " ") + rankList(ranks) +
-                           " did not ask for the node arena within " + std::to_string(elapsedMs()) +
+        throw NetworkError("rank 0: " + text::rankList(ranks) + " did not ask for the node arena within " + std::to_string(elapsedMs()) +
                            " ms: " + e.what());
       }
       ArenaHello hello;
@@ -783,8 +750,7 @@ class MeshBuilder {
     for (int r = rank_ + 1; r < size_; ++r) {
       if (pairs_[static_cast<size_t>(r)] == nullptr) missing.push_back(r);
     }
-    throw NetworkError("rank " + std::to_string(rank_) + ": rank" + (missing.size() > 1 ? "s " : " ") +
-                       rankList(missing) + " did not connect within " + std::to_string(elapsedMs()) +
+    throw NetworkError("rank " + std::to_string(rank_) + ": " + text::rankList(missing) + " did not connect within " + std::to_string(elapsedMs()) +
                        " ms to this rank's address " + net::formatHostPort(tcp_.host, tcp_.port) + " (from " +
                        tcp_.origin + "; RINGTREE_SOCKET_IFNAME selects the interface)");
   }
@@ -813,8 +779,12 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options) {
   ConnectOptions result;
   result.transport = options.transport;
   const std::string transport = env::transport();
-  if (!transport.empty() && !parseTransport(transport, &result.transport)) {
-    throw InvalidArgument("RINGTREE_TRANSPORT must be auto, tcp or shm (got '" + transport + "')");
+  if (!transport.empty()) {
+    try {
+      result.transport = parseTransportKind(transport);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("RINGTREE_TRANSPORT: ") + e.what());
+    }
   }
   result.interface = options.interface.empty() ? env::socketIfname() : options.interface;
   const std::string arena = env::shmArena();
