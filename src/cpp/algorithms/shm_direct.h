@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 #include "common/reduce_fn.h"
 #include "diagnostics/peer_status.h"
 
