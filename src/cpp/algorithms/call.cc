@@ -6,8 +6,8 @@
 #include <ringtree/error.h>
 
 #include "algorithms/call_failure.h"
-#include "algorithms/shm_direct.h"
 #include "common/logging.h"
+#include "diagnostics/arena_status.h"
 #include "diagnostics/flight_recorder.h"
 
 namespace ringtree::algorithms {
@@ -111,7 +111,7 @@ Call beginCall(Communicator& communicator, Collective collective, Algorithm algo
                                   (call.deadline - effective).time_since_epoch())
                                   .count();
   comm.flightRecorder().started(envelope, &kCallFormat, start);
-  announceCall(call, start);
+  diagnostics::announceCall(comm.arena(), envelope, start);
   comm.startStatusPublishing();
   return call;
 }
@@ -119,7 +119,7 @@ Call beginCall(Communicator& communicator, Collective collective, Algorithm algo
 void endCall(Call& call) {
   const int64_t now = diagnostics::steadyNowNs();
   call.comm.flightRecorder().finished(CallState::kCompleted, now);
-  announceFinished(call, false, now);
+  diagnostics::announceFinished(call.comm.arena(), call.envelope.sequence, false, now);
 }
 
 void send(Call& call, int peer, const void* data, size_t bytes) {

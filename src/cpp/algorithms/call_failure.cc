@@ -7,8 +7,8 @@
 
 #include <ringtree/error.h>
 
-#include "algorithms/shm_direct.h"
 #include "common/logging.h"
+#include "diagnostics/arena_status.h"
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/peer_status.h"
 
@@ -53,7 +53,7 @@ using Failure = detail::CommunicatorImpl::Failure;
 // saying why, when neither can tell.
 std::vector<diagnostics::PeerProgress> peerProgress(Call& call, std::string* unavailable,
                                                     std::chrono::milliseconds budget = kStatusReadBudget) {
-  if (call.comm.arena() != nullptr) return arenaPeerProgress(call);
+  if (call.comm.arena() != nullptr) return diagnostics::readArenaPeers(*call.comm.arena(), &describe);
   if (diagnostics::StatusPublisher* publisher = call.comm.statusPublisher()) {
     return publisher->readPeers(budget);
   }
@@ -95,7 +95,7 @@ void recordFailure(Call& call, const std::string& message, detail::CommunicatorI
   try {
     const int64_t now = diagnostics::steadyNowNs();
     call.comm.flightRecorder().finished(CallState::kFailed, now, message);
-    announceFinished(call, true, now);
+    diagnostics::announceFinished(call.comm.arena(), call.envelope.sequence, true, now);
     call.comm.markBroken(message, failure);
     if (trace == Trace::kDumpAndLog) {
       std::vector<FlightRecord> latest;

@@ -58,12 +58,12 @@ bool everyRankVotesFor(const ArenaSetup& setup, bool vote) {
 }
 
 // Rank 0: creates the arena and hands it to every other rank.
-std::shared_ptr<transport::shm::NodeArena> grantArena(const ArenaSetup& setup) {
+std::shared_ptr<arena::NodeArena> grantArena(const ArenaSetup& setup) {
   const Phase& phase = setup.phase;
   const int size = phase.size;
-  std::shared_ptr<transport::shm::NodeArena> arena;
+  std::shared_ptr<arena::NodeArena> arena;
   try {
-    arena = transport::shm::NodeArena::create(size);
+    arena = arena::NodeArena::create(size);
   } catch (const NetworkError& e) {
     throw NetworkError("rank 0: cannot create the node arena for " + std::to_string(size) + " ranks: " + e.what());
   }
@@ -104,7 +104,7 @@ std::shared_ptr<transport::shm::NodeArena> grantArena(const ArenaSetup& setup) {
 }
 
 // Rank > 0: asks rank 0 for the arena and maps it.
-std::shared_ptr<transport::shm::NodeArena> receiveArena(const ArenaSetup& setup) {
+std::shared_ptr<arena::NodeArena> receiveArena(const ArenaSetup& setup) {
   const Phase& phase = setup.phase;
   const std::string self = "rank " + std::to_string(phase.rank);
   const PeerRecord& root = setup.records[0];
@@ -126,7 +126,7 @@ std::shared_ptr<transport::shm::NodeArena> receiveArena(const ArenaSetup& setup)
                        std::to_string(phase.size) + " slots");
   }
   try {
-    return transport::shm::NodeArena::attach(std::move(ancillary.descriptor), phase.rank, phase.size, grant.slotBytes);
+    return arena::NodeArena::attach(std::move(ancillary.descriptor), phase.rank, phase.size, grant.slotBytes);
   } catch (const Error& e) {
     throw NetworkError(self + ": cannot map the node arena of " + peer + ": " + e.what());
   }
@@ -141,7 +141,7 @@ bool arenaPossible(const std::vector<PeerRecord>& records) {
   return true;
 }
 
-std::shared_ptr<transport::shm::NodeArena> setUpNodeArena(const ArenaSetup& setup, bool vote) {
+std::shared_ptr<arena::NodeArena> setUpNodeArena(const ArenaSetup& setup, bool vote) {
   if (!everyRankVotesFor(setup, vote)) return nullptr;
   return setup.phase.rank == 0 ? grantArena(setup) : receiveArena(setup);
 }

@@ -5,9 +5,9 @@
 
 #include <ringtree/store/store.h>
 
+#include "arena/node_arena.h"
 #include "rendezvous/peer_record.h"
 #include "rendezvous/phase.h"
-#include "transport/shm/arena.h"
 #include "transport/shm/device.h"
 
 // The node arena's setup, the last part of the connection phase (see connectFullMesh):
@@ -40,6 +40,6 @@ struct ArenaSetup {
 // Blocks until the phase's deadline at most. Throws StoreError naming the vote keys when
 // not every rank voted in time, NetworkError (naming the ranks that did not ask for it,
 // or rank 0) when the arena cannot be created, handed over or mapped.
-std::shared_ptr<transport::shm::NodeArena> setUpNodeArena(const ArenaSetup& setup, bool vote);
+std::shared_ptr<arena::NodeArena> setUpNodeArena(const ArenaSetup& setup, bool vote);
 
 }  // namespace ringtree::rendezvous

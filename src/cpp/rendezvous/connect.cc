@@ -49,7 +49,7 @@ class MeshBuilder {
         pairs_(static_cast<size_t>(size)),
         records_(static_cast<size_t>(size)) {}
 
-  std::vector<std::unique_ptr<Pair>> run(std::shared_ptr<transport::shm::NodeArena>* arena) {
+  std::vector<std::unique_ptr<Pair>> run(std::shared_ptr<arena::NodeArena>* arena) {
     publish();
     readRecords();
     // Every rank sees every record: incompatible options fail on both sides of the pair
@@ -470,7 +470,7 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options) {
 }
 
 std::vector<std::unique_ptr<Pair>> connectFullMesh(Store& store, int rank, int size, const ConnectOptions& options,
-                                                   std::shared_ptr<transport::shm::NodeArena>* arena) {
+                                                   std::shared_ptr<arena::NodeArena>* arena) {
   if (size == 1) return std::vector<std::unique_ptr<Pair>>(1);
   return MeshBuilder(store, rank, size, options).run(arena);
 }

@@ -1,4 +1,4 @@
-#include "transport/shm/arena.h"
+#include "arena/node_arena.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -14,15 +14,18 @@
 
 #include <ringtree/error.h>
 
-namespace ringtree::transport::shm {
+namespace ringtree::arena {
 
 namespace {
+
+using transport::Envelope;
+using transport::shm::Segment;
 
 // How arena segments appear in /proc/<pid>/maps ("/memfd:ringtree-arena (deleted)").
 constexpr const char* kSegmentName = "ringtree-arena";
 // First word of the header ("rtarena1" in ASCII, little-endian).
 constexpr uint64_t kArenaMagic = 0x31616e6572617472ULL;
-// Bumped on any change to the layout or the protocol of arena.h.
+// Bumped on any change to the layout or the protocol of node_arena.h.
 constexpr uint32_t kArenaVersion = 3;
 constexpr size_t kPageBytes = 4096;
 // Control blocks start on their own line after the header.
@@ -246,4 +249,4 @@ void NodeArena::sleepWhile(int rank, uint32_t seen, std::chrono::nanoseconds tim
   mine.sleepingOn.store(0, std::memory_order_relaxed);
 }
 
-}  // namespace ringtree::transport::shm
+}  // namespace ringtree::arena
