@@ -50,8 +50,8 @@ const char* collectiveName(Collective collective) {
   return "unknown collective";
 }
 
-uint32_t operationCode(Collective collective, Algorithm algorithm) {
-  return static_cast<uint32_t>(collective) << 8 | static_cast<uint32_t>(algorithm);
+uint16_t operationCode(Collective collective, Algorithm algorithm) {
+  return static_cast<uint16_t>(static_cast<uint16_t>(collective) << 8 | static_cast<uint16_t>(algorithm));
 }
 
 std::string describe(const transport::Envelope& e) {
@@ -65,9 +65,9 @@ std::string describe(const transport::Envelope& e) {
     // the count matrix): its envelope carries 0, and message sizes are checked instead.
     if (collective != Collective::kAlltoall) text += ", count=" + std::to_string(e.count);
   }
-  if (e.extra != 0 && !transport::isNotice(e)) {
+  if (e.countsHash != 0) {
     char hash[16];
-    std::snprintf(hash, sizeof(hash), "%08x", e.extra);
+    std::snprintf(hash, sizeof(hash), "%08x", e.countsHash);
     text += ", counts hash=" + std::string(hash);
   }
   if (collective == Collective::kAllreduce || collective == Collective::kReduce ||

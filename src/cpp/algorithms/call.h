@@ -47,7 +47,7 @@ struct Call {
 
 // Envelope.operation = collective << 8 | algorithm: ranks that chose different
 // algorithms for the same call are caught as a mismatch too.
-uint32_t operationCode(Collective collective, Algorithm algorithm);
+uint16_t operationCode(Collective collective, Algorithm algorithm);
 // The collective and the algorithm an envelope's operation code names.
 inline Collective collectiveOf(const transport::Envelope& envelope) {
   return static_cast<Collective>(envelope.operation >> 8);

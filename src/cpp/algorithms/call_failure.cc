@@ -134,9 +134,9 @@ NoticeFailure noticeFailureOf(Failure failure) {
 void abandonPeers(Call& call, int culprit, Failure failure, int skip) noexcept {
   if (call.comm.connectionsReleased()) return;
   transport::Envelope notice = call.envelope;
-  notice.reserved = static_cast<uint16_t>(transport::kAbandonNotice | static_cast<uint16_t>(noticeFailureOf(failure))
-                                                                           << 8);
-  notice.extra = static_cast<uint32_t>(culprit >= 0 ? culprit : call.rank());
+  notice.noticeKind = transport::kAbandonNotice;
+  notice.noticeFailure = noticeFailureOf(failure);
+  notice.culprit = culprit >= 0 ? culprit : call.rank();
   const net::Deadline deadline = net::deadlineAfter(kNoticeTimeout);
   for (int peer = 0; peer < call.size(); ++peer) {
     if (peer != call.rank() && peer != skip) call.comm.pair(peer).sendNotice(notice, deadline);
@@ -147,7 +147,7 @@ void abandonPeers(Call& call, int culprit, Failure failure, int skip) noexcept {
 // diagnosis. Best effort, bounded. Never throws.
 void sendMismatchNotice(Call& call, int peer) noexcept {
   transport::Envelope notice = call.envelope;
-  notice.reserved = transport::kMismatchNotice;
+  notice.noticeKind = transport::kMismatchNotice;
   call.comm.pair(peer).sendNotice(notice, net::deadlineAfter(kNoticeTimeout));
 }
 
@@ -198,11 +198,12 @@ void failCall(Call& call, std::exception_ptr error) {
       // A peer gave up on a call: fail with its cause, naming the rank that caused it,
       // and pass the notice on (a peer that waits on this rank only learns it from here).
       const int reporter = mismatch.peerRank;
-      const int culprit = static_cast<int>(mismatch.actual.extra);
-      const auto kind = static_cast<NoticeFailure>(mismatch.actual.reserved >> 8);
-      transport::Envelope failed = mismatch.actual;
-      failed.reserved = 0;
-      failed.extra = 0;
+      const int culprit = mismatch.actual.culprit;
+      const NoticeFailure kind = mismatch.actual.noticeFailure;
+      transport::Envelope failed = mismatch.actual;  // the call that failed, as the notice describes it
+      failed.noticeKind = 0;
+      failed.noticeFailure = NoticeFailure::kError;
+      failed.culprit = -1;
       const char* what = kind == NoticeFailure::kNetwork    ? " died or closed its connections during "
                           : kind == NoticeFailure::kTimeout ? " did not arrive in time for "
                           : kind == NoticeFailure::kMismatch ? " called another collective than "
@@ -233,7 +234,7 @@ void failCall(Call& call, std::exception_ptr error) {
       }
       throw Error(message);
     }
-    const bool peerDetectedIt = (mismatch.actual.reserved & transport::kMismatchNotice) != 0;
+    const bool peerDetectedIt = mismatch.actual.noticeKind == transport::kMismatchNotice;
     if (!peerDetectedIt) sendMismatchNotice(call, mismatch.peerRank);
     std::string message = "collective mismatch between rank " + std::to_string(call.rank()) + " and rank " +
                            std::to_string(mismatch.peerRank) + ": rank " + std::to_string(call.rank()) + " called " +

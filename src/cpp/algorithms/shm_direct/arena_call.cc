@@ -153,7 +153,7 @@ void foldCountsIntoFingerprint(Call& call, const size_t* counts) {
     uint64_t value = counts[q];
     for (int i = 0; i < 8; ++i, value >>= 8) hash = (hash ^ static_cast<uint8_t>(value)) * 16777619u;
   }
-  call.envelope.extra = hash != 0 ? hash : 1;
+  call.envelope.countsHash = hash != 0 ? hash : 1;
   NodeArena& arena = *call.comm.arena();
   arena.publishCall(call.envelope, arena.peerStatus(arena.rank()).startNs);
 }

@@ -69,9 +69,9 @@ class ArenaCall {
   // Whether a peer's fingerprint is this call's; one without a counts hash yet (see
   // foldCountsIntoFingerprint) is compared without it.
   bool sameCall(const transport::Envelope& theirs) const {
-    if (theirs.extra != 0) return theirs == call_.envelope;
+    if (theirs.countsHash != 0) return theirs == call_.envelope;
     transport::Envelope withHash = theirs;
-    withHash.extra = call_.envelope.extra;
+    withHash.countsHash = call_.envelope.countsHash;
     return withHash == call_.envelope;
   }
 
@@ -116,7 +116,7 @@ class ArenaCall {
 };
 
 // A call whose ranks pass per-rank counts (allgather, reduce_scatter): folds a hash of
-// the counts into its fingerprint (Envelope::extra, never 0 then) and publishes it again,
+// the counts into its fingerprint (Envelope::countsHash, never 0 then) and publishes it again,
 // so that ranks that agree on the total but not on the split fail as a mismatch instead
 // of exchanging wrong pieces. Before the call's first step: peers compare fingerprints
 // with ArenaCall's check, which takes a peer still without a hash for one that has not
