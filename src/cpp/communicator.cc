@@ -86,7 +86,7 @@ std::string fileNamePart(const std::string& name) {
 
 CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                                    std::vector<std::unique_ptr<transport::Pair>> pairs,
-                                   std::shared_ptr<transport::shm::NodeArena> arena,
+                                   std::shared_ptr<arena::NodeArena> arena,
                                    size_t flightRecorderEntries, std::shared_ptr<Store> statusStore)
     : rank_(rank),
       size_(size),
@@ -236,6 +236,22 @@ std::string CommunicatorImpl::dumpFlightRecord(const std::string& reason) const 
 
 }  // namespace detail
 
+const char* transportKindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kAuto: return "auto";
+    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kShm: return "shm";
+  }
+  return "?";
+}
+
+TransportKind parseTransportKind(const std::string& name) {
+  for (const TransportKind kind : {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kShm}) {
+    if (name == transportKindName(kind)) return kind;
+  }
+  throw InvalidArgument("unknown transport '" + name + "'; expected 'auto', 'tcp' or 'shm'");
+}
+
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    const CommunicatorOptions& options) {
   if (store == nullptr) throw InvalidArgument("Communicator::create: store is null");
@@ -245,7 +261,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   }
   const rendezvous::ConnectOptions connectOptions = rendezvous::connectOptionsFrom(options);
   const size_t flightRecorderEntries = env::flightRecorderEntries();
-  std::shared_ptr<transport::shm::NodeArena> arena;
+  std::shared_ptr<arena::NodeArena> arena;
   auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions, &arena);
   // Status publishing serves the timeout text of communicators without a node arena (the
   // arena carries the same information). Its store connection is made now, while the

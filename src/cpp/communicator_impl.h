@@ -18,7 +18,7 @@
 #include "diagnostics/flight_recorder.h"
 #include "transport/pair.h"
 
-namespace ringtree::transport::shm {
+namespace ringtree::arena {
 class NodeArena;
 }
 
@@ -74,7 +74,7 @@ class CommunicatorImpl {
   // published.
   CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                    std::vector<std::unique_ptr<transport::Pair>> pairs,
-                   std::shared_ptr<transport::shm::NodeArena> arena, size_t flightRecorderEntries,
+                   std::shared_ptr<arena::NodeArena> arena, size_t flightRecorderEntries,
                    std::shared_ptr<Store> statusStore);
   ~CommunicatorImpl();
 
@@ -134,7 +134,7 @@ class CommunicatorImpl {
 
   // The node-wide shared segment when every rank is on this host and shared memory is
   // enabled; nullptr otherwise.
-  transport::shm::NodeArena* arena() { return arena_.get(); }
+  arena::NodeArena* arena() { return arena_.get(); }
 
   // Sequence number of the next collective call (the same on every rank when they call
   // the same collectives in the same order).
@@ -185,7 +185,7 @@ class CommunicatorImpl {
   std::vector<std::unique_ptr<transport::Pair>> pairs_;  // index = peer rank; null at rank_
   // shared_ptr: its deleter is bound where the arena is made, so this header and
   // communicator.cc need not see NodeArena's definition.
-  std::shared_ptr<transport::shm::NodeArena> arena_;
+  std::shared_ptr<arena::NodeArena> arena_;
   uint64_t sequence_ = 0;
   std::unique_ptr<char, FreeDeleter> scratch_;
   size_t scratchBytes_ = 0;

@@ -19,11 +19,11 @@
 #include <ringtree/error.h>
 
 #include "algorithms/reduce_ops.h"
+#include "arena/node_arena.h"
 #include "communicator_impl.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "harness/typed_values.h"
-#include "transport/shm/arena.h"
 
 namespace ringtree {
 namespace {

@@ -1,4 +1,4 @@
-// The node arena (transport/shm/arena.h) on its own, and the shm_direct collectives
+// The node arena (arena/node_arena.h) on its own, and the shm_direct collectives
 // between forked processes: exact results at 2 and 4 ranks, a peer killed with SIGKILL
 // in the middle of a collective, and nothing left in /dev/shm.
 
@@ -24,16 +24,16 @@
 #include <ringtree/error.h>
 #include <ringtree/store/file_store.h>
 
+#include "arena/node_arena.h"
 #include "communicator_impl.h"
 #include "harness/process_harness.h"
-#include "transport/shm/arena.h"
 
 namespace ringtree {
 namespace {
 
 using namespace std::chrono_literals;
 using transport::Envelope;
-using transport::shm::NodeArena;
+using arena::NodeArena;
 using Clock = std::chrono::steady_clock;
 using test::ChildResult;
 using test::runProcesses;

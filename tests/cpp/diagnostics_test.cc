@@ -24,12 +24,12 @@
 #include <ringtree/store/prefix_store.h>
 #include <ringtree/store/tcp_store.h>
 
+#include "arena/node_arena.h"
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/peer_status.h"
 #include "harness/process_harness.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
-#include "transport/shm/arena.h"
 
 namespace ringtree {
 namespace {
@@ -432,7 +432,7 @@ TEST(FailureTraces, TimeoutLogsTheLatestCallsAndWritesTheFlightRecord) {
 // The arena's history: a mismatch is caught in the call where it happens.
 
 TEST(ArenaHistory, KeepsTheLastCallsOfEveryRankAndWhenTheyFinished) {
-  using transport::shm::NodeArena;
+  using arena::NodeArena;
   const auto zero = NodeArena::create(2);
   const auto one = NodeArena::attach(net::Socket(::dup(zero->descriptor())), 1, 2, zero->slotBytes());
   transport::Envelope seen;

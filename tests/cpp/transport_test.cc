@@ -446,7 +446,7 @@ TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
   const Envelope a = envelope(7, 1, 4);
   const Envelope b = envelope(7, 2, 4);
   Envelope notice = a;
-  notice.reserved = 1;
+  notice.noticeKind = 1;
   std::atomic<bool> done{false};
   runCommunicators(
       2,
@@ -482,7 +482,7 @@ TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
           EXPECT_EQ(e.peerRank, 1);
           EXPECT_EQ(e.expected, envelope(7, 3, 4));
           EXPECT_EQ(e.actual, notice);
-          EXPECT_EQ(e.actual.reserved, 1);
+          EXPECT_EQ(e.actual.noticeKind, 1);
           EXPECT_EQ(e.actualBytes, 0u);
         }
       },
@@ -631,7 +631,7 @@ TEST(TcpNotice, PartlySentMessageIsCutNotCorrupted) {
           pair.postSend(big, out.data(), kBytes);
           messageOf<TimeoutError>([&] { waitAll(c, {&pair}, 100ms); });  // rank 1 is not reading yet
           Envelope notice = big;
-          notice.reserved = 1;
+          notice.noticeKind = 1;
           const auto start = Clock::now();
           pair.sendNotice(notice, net::deadlineAfter(1s));
           EXPECT_LT(elapsedSince(start), 500ms);  // skipped: nothing to wait for

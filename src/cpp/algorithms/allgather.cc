@@ -13,7 +13,7 @@
 #include <ringtree/error.h>
 
 #include "algorithms/blocks.h"
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"

@@ -7,7 +7,8 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
-#include "algorithms/common.h"
+#include "algorithms/blocks.h"
+#include "algorithms/call.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"

@@ -5,7 +5,7 @@
 
 #include <ringtree/collectives.h>
 
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
 

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 
 namespace ringtree::algorithms {
 

@@ -5,13 +5,29 @@
 #include <cstdint>
 #include <cstring>
 
-#include "algorithms/common.h"
 #include "common/reduce_fn.h"
 
-// Helpers for collectives over per-rank blocks of different sizes (allgather,
-// reduce_scatter, alltoall): cutting every block into the same sequence of slices, so
-// that all ranks agree on each step's messages, and folding blocks in rank order.
+// Cutting buffers into blocks: balanced parts of one buffer (partition), and, for
+// collectives over per-rank blocks of different sizes (allgather, reduce_scatter,
+// alltoall), the same sequence of slices of every block, so that all ranks agree on each
+// step's messages; folding blocks in rank order.
 namespace ringtree::algorithms {
+
+// A range of elements [offset, offset + count).
+struct Range {
+  size_t offset = 0;
+  size_t count = 0;
+};
+
+// Part `index` of `count` elements cut into `parts` nearly equal, contiguous parts (the
+// first count % parts parts have one element more).
+inline Range partition(size_t count, int parts, int index) {
+  const size_t n = static_cast<size_t>(parts);
+  const size_t i = static_cast<size_t>(index);
+  const size_t base = count / n;
+  const size_t extra = count % n;
+  return Range{i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
 
 // Slice [start, start + length) of a block of `count` elements, clipped to the block
 // (empty past its end).

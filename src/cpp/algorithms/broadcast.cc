@@ -6,7 +6,7 @@
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"

@@ -10,7 +10,7 @@
 #include <ringtree/error.h>
 
 #include "algorithms/batch.h"
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/selection.h"
 #include "algorithms/trees.h"

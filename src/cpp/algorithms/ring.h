@@ -2,7 +2,8 @@
 
 #include <cstddef>
 
-#include "algorithms/common.h"
+#include "algorithms/blocks.h"
+#include "algorithms/call.h"
 
 // The two halves of the ring allreduce, shared by allreduce and reduce. Both work in
 // place on `count` elements cut into size() parts (partition()), in n - 1 steps that

@@ -4,7 +4,7 @@
 
 #include <ringtree/options.h>
 
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 
 // Which algorithm a collective runs when the caller asks for kAuto.
 //

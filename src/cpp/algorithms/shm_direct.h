@@ -1,41 +1,27 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
-#include <vector>
 
-#include "algorithms/common.h"
+#include "algorithms/call.h"
 #include "common/reduce_fn.h"
-#include "diagnostics/peer_status.h"
 
 // The shared-memory direct collectives ("shm_direct"): allreduce, broadcast, barrier,
-// allgather, reduce_scatter and alltoall over the communicator's node arena (transport/shm/arena.h has its layout and protocol),
-// for communicators whose ranks are all on this host. Data moves through the ranks'
-// arena slots instead of pairs; ranks synchronise on each other's step counters, spinning
-// briefly and then sleeping on a futex in slices, between which they check the deadline
-// and whether the awaited peer's connection hung up.
+// allgather, reduce_scatter and alltoall over the communicator's node arena
+// (arena/node_arena.h has its layout and protocol), for communicators whose ranks are all
+// on this host. Data moves through the ranks' arena slots instead of pairs; ranks
+// synchronise on each other's step counters (the wait engine of
+// shm_direct/arena_call.h), spinning briefly and then sleeping on a futex in slices,
+// between which they check the deadline and whether the awaited peer's connection hung
+// up. Each collective has its file in shm_direct/.
 //
 // Every function below blocks until this rank's part is done and requires
 // call.comm.arena() != nullptr and call.size() > 1. Errors: TimeoutError (WaitTimeout) at
 // the deadline naming the ranks that have not arrived (the call's failure handling adds
-// what each was doing: arenaPeerProgress); WaitAborted after abort(); NetworkError
-// naming a peer whose connection hung up while it was awaited; EnvelopeMismatch (a
-// CollectiveMismatchError; runCall's failure handling names both calls and tells the
-// peer) when a peer's published call differs from this one.
+// what each was doing, from diagnostics/arena_status.h); WaitAborted after abort();
+// NetworkError naming a peer whose connection hung up while it was awaited;
+// EnvelopeMismatch (a CollectiveMismatchError; runCall's failure handling names both
+// calls and tells the peer) when a peer's published call differs from this one.
 namespace ringtree::algorithms {
-
-// Publishes call's fingerprint (and its start, steady-clock nanoseconds) in the arena; a
-// no-op without one. beginCall makes it for every collective, whatever algorithm it runs,
-// so that a rank in an arena algorithm can tell a peer in a different call from one that
-// has not arrived yet.
-void announceCall(Call& call, int64_t startNs);
-
-// Records in the arena that call finished (failed or not) at endNs; a no-op without one.
-void announceFinished(Call& call, bool failed, int64_t endNs);
-
-// What every other rank was last doing, from the arena (call.comm.arena() != nullptr):
-// its latest call, when it entered it, and the last call it finished.
-std::vector<diagnostics::PeerProgress> arenaPeerProgress(const Call& call);
 
 // In place: buffer <- fold of every rank's buffer, in rank order (rank 0's op rank 1's op
 // ...; every rank ends with the same bits). fn is the element kernel (AVG/PREMUL_SUM:

@@ -24,7 +24,7 @@ std::string algorithm();
 std::string transport();
 
 // RINGTREE_SHM_ARENA: 0 keeps a communicator from creating the node-wide shared-memory
-// segment (transport/shm/arena.h) that the shm_direct collectives need, 1 (or unset)
+// segment (arena/node_arena.h) that the shm_direct collectives need, 1 (or unset)
 // lets it create one when all its ranks reach each other over shared memory. Any rank
 // that disables it disables it for the whole communicator. Default: unset (empty).
 std::string shmArena();

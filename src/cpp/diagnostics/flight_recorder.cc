@@ -145,7 +145,7 @@ bool FlightRecorder::read(const Slot& slot, RecordedCall* call) const {
         e = transport::Envelope{};
         e.sequence = words[0];
         e.count = words[1];
-        e.operation = static_cast<uint32_t>(words[2]);
+        e.operation = static_cast<uint16_t>(words[2]);
         e.root = static_cast<int32_t>(static_cast<uint32_t>(words[2] >> 32));
         e.dataType = static_cast<uint8_t>(words[3]);
         e.reduceOp = static_cast<uint8_t>(words[3] >> 8);

@@ -1,10 +1,11 @@
 #include "diagnostics/peer_status.h"
 
-#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <utility>
 
 #include "common/logging.h"
+#include "common/text.h"
 
 namespace ringtree::diagnostics {
 
@@ -30,9 +31,9 @@ std::string secondsText(double seconds) {
 }
 
 std::string rankList(const std::vector<const PeerProgress*>& peers) {
-  std::string text = peers.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < peers.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(peers[i]->rank);
-  return text;
+  std::vector<int> ranks;
+  for (const PeerProgress* p : peers) ranks.push_back(p->rank);
+  return text::rankList(ranks);
 }
 
 // What a peer that did not enter the call was last doing.
@@ -78,11 +79,6 @@ std::string field(const std::string& text, const std::string& key) {
   return {};
 }
 
-bool parseInteger(const std::string& text, int64_t* value) {
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
-  return !text.empty() && error == std::errc() && end == text.data() + text.size();
-}
-
 PeerProgress unknownPeer(int rank, const std::string& reason) {
   PeerProgress p;
   p.rank = rank;
@@ -92,11 +88,12 @@ PeerProgress unknownPeer(int rank, const std::string& reason) {
 
 PeerProgress parseStatus(int rank, const std::string& text, int64_t nowNs) {
   int64_t startedSequence = 0, startedNs = 0, finishedSequence = 0, finishedFailed = 0, finishedNs = 0;
-  if (!parseInteger(field(text, "started_seq"), &startedSequence) ||
-      !parseInteger(field(text, "started_ns"), &startedNs) ||
-      !parseInteger(field(text, "finished_seq"), &finishedSequence) ||
-      !parseInteger(field(text, "finished_failed"), &finishedFailed) ||
-      !parseInteger(field(text, "finished_ns"), &finishedNs)) {
+  const auto parse = [&](const char* key, int64_t* value) {
+    return text::parseInteger(field(text, key), INT64_MIN, INT64_MAX, value);
+  };
+  if (!parse("started_seq", &startedSequence) || !parse("started_ns", &startedNs) ||
+      !parse("finished_seq", &finishedSequence) || !parse("finished_failed", &finishedFailed) ||
+      !parse("finished_ns", &finishedNs)) {
     return unknownPeer(rank, "its published status is malformed");
   }
   PeerProgress p;

@@ -15,8 +15,7 @@
 
 // "Who did not arrive": what each rank last started and finished, as its peers learn it
 // when a call times out — from the node arena when the communicator has one
-// (algorithms/shm_direct.h), else from the store, where every rank's StatusPublisher
-// keeps it.
+// (arena_status.h), else from the store, where every rank's StatusPublisher keeps it.
 namespace ringtree::diagnostics {
 
 // What one peer was last seen doing.

@@ -51,7 +51,7 @@ bool PointToPointEngine::takeUnexpected(const ReceivePtr& receive, Completions* 
     const auto& queue = peers_[static_cast<size_t>(source)].unexpected;
     for (size_t i = 0; i < queue.size(); ++i) {
       const Unexpected& message = queue[i];
-      if (message.taker || message.envelope.root != receive->tag) continue;
+      if (message.taker || message.envelope.tag != receive->tag) continue;
       if (message.arrival < bestArrival) {
         bestPeer = source;
         bestIndex = i;
@@ -66,7 +66,7 @@ bool PointToPointEngine::takeUnexpected(const ReceivePtr& receive, Completions* 
 }
 
 void PointToPointEngine::offerUnexpected(int index, size_t position, Completions* done) {
-  const int tag = peers_[static_cast<size_t>(index)].unexpected[position].envelope.root;
+  const int tag = peers_[static_cast<size_t>(index)].unexpected[position].envelope.tag;
   if (ReceivePtr receive = takeMatchingReceive(index, tag)) serveFromUnexpected(index, position, receive, done);
 }
 
@@ -110,7 +110,7 @@ void PointToPointEngine::handleNotice(int index, const transport::Envelope& noti
   const transport::Envelope abandon = p2p::notice(MessageKind::kAbandonNotice);
   const std::string self = "rank " + std::to_string(rank_);
   const std::string other = "rank " + std::to_string(index);
-  switch (static_cast<MessageKind>(notice.reserved)) {
+  switch (static_cast<MessageKind>(notice.noticeKind)) {
     case MessageKind::kMismatchNotice: {
       const std::string expected = p2p::typeAndCount(notice.dataType, notice.count);
       const auto sent = std::find_if(peer.sends.begin(), peer.sends.end(),
@@ -123,8 +123,9 @@ void PointToPointEngine::handleNotice(int index, const transport::Envelope& noti
         peer.sends.erase(sent);
       } else {
         reason += other + "'s receive for " + self + "'s message number " + std::to_string(notice.sequence) +
-                  " with tag " + std::to_string(notice.root) + " (sent as " +
-                  (notice.reduceOp < kNumDataTypes ? dataTypeName(static_cast<DataType>(notice.reduceOp)) : "?") +
+                  " with tag " + std::to_string(notice.tag) + " (sent as " +
+                  (notice.sentDataType < kNumDataTypes ? dataTypeName(static_cast<DataType>(notice.sentDataType))
+                                                       : "?") +
                   ") expects " + expected;
       }
       failPeer(index, FailureKind::kMismatch, reason, &abandon, done);
@@ -141,7 +142,7 @@ void PointToPointEngine::handleNotice(int index, const transport::Envelope& noti
     case MessageKind::kData: break;
   }
   throw NetworkError(self + " received from " + peer.pair->peerDescription() + " a notice of unknown kind " +
-                     std::to_string(notice.reserved));
+                     std::to_string(notice.noticeKind));
 }
 
 bool PointToPointEngine::acceptIncoming(int index, const transport::Envelope& envelope, size_t bytes,
@@ -155,21 +156,21 @@ bool PointToPointEngine::acceptIncoming(int index, const transport::Envelope& en
   if (envelope.operation != p2p::kMessageOperation) {
     throw protocolError("operation " + std::to_string(envelope.operation));
   }
-  if (envelope.reserved != static_cast<uint16_t>(MessageKind::kData)) {
+  if (envelope.noticeKind != static_cast<uint8_t>(MessageKind::kData)) {
     handleNotice(index, envelope, done);
     return false;
   }
   if (envelope.dataType >= kNumDataTypes ||
       envelope.count > std::numeric_limits<size_t>::max() / elementSize(static_cast<DataType>(envelope.dataType)) ||
-      envelope.count * elementSize(static_cast<DataType>(envelope.dataType)) != bytes || envelope.root < 0) {
+      envelope.count * elementSize(static_cast<DataType>(envelope.dataType)) != bytes || envelope.tag < 0) {
     throw protocolError(p2p::typeAndCount(envelope.dataType, envelope.count) + " in " + std::to_string(bytes) +
-                        " bytes with tag " + std::to_string(envelope.root));
+                        " bytes with tag " + std::to_string(envelope.tag));
   }
   if (envelope.sequence != peer.nextReceiveSequence) {
     throw protocolError("message number " + std::to_string(envelope.sequence) + " where " +
                         std::to_string(peer.nextReceiveSequence) + " was next");
   }
-  if (ReceivePtr receive = takeMatchingReceive(index, envelope.root)) {
+  if (ReceivePtr receive = takeMatchingReceive(index, envelope.tag)) {
     if (envelope.dataType != static_cast<uint8_t>(receive->type) || envelope.count != receive->count) {
       reportMismatch(index, receive, envelope, done);
       return false;

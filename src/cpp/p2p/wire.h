@@ -8,44 +8,46 @@
 
 #include "transport/pair.h"
 
-// How point-to-point messages use the 32-byte transport Envelope (the wire format), and
-// the texts that name them in errors.
+// How point-to-point messages use the transport Envelope (the wire format), and the
+// texts that name them in errors.
 //
-// A message:   operation = kMessageOperation, reserved = kData,
+// A message:   operation = kMessageOperation, noticeKind = kData,
 //              sequence  = its number among the messages from this sender to this
 //                          receiver (1, 2, ...; the receiver checks that none is skipped),
-//              root = tag, dataType and count = the send's.
+//              tag, dataType and count = the send's.
 // A notice (0 payload bytes; the sender gave up the connection right after it):
-//   kMismatchNotice: the receive that took message `sequence` (with tag `root`) expects
-//                    dataType x count; reduceOp holds the data type that was sent.
+//   kMismatchNotice: the receive that took message `sequence` (with `tag`) expects
+//                    dataType x count; sentDataType holds the data type that was sent.
 //   kAbandonNotice:  the sender gave up the connection after an operation with this rank
 //                    timed out there, or after it received a notice.
 //   kClosedNotice:   the sender's engine was shut down (it sends nothing more); unlike a
 //                    connection that breaks, this does not fail receives from any source.
 namespace ringtree::p2p {
 
-// Distinct from every collective's code (collective << 8 | algorithm), so that a
-// communicator shared with collectives shows up as a protocol error, not as data.
-constexpr uint32_t kMessageOperation = 0x70327000;
+// Distinct from every collective's code (collective << 8 | algorithm, at most 0x09ff),
+// so that a communicator shared with collectives shows up as a protocol error, not as
+// data.
+constexpr uint16_t kMessageOperation = 0x7032;
 
-enum class MessageKind : uint16_t { kData = 0, kMismatchNotice = 1, kAbandonNotice = 2, kClosedNotice = 3 };
+// Envelope::noticeKind of point-to-point messages.
+enum class MessageKind : uint8_t { kData = 0, kMismatchNotice = 1, kAbandonNotice = 2, kClosedNotice = 3 };
 
 inline transport::Envelope dataEnvelope(uint64_t sequence, int tag, DataType type, size_t count) {
   transport::Envelope envelope;
   envelope.sequence = sequence;
   envelope.operation = kMessageOperation;
   envelope.dataType = static_cast<uint8_t>(type);
-  envelope.reserved = static_cast<uint16_t>(MessageKind::kData);
+  envelope.noticeKind = static_cast<uint8_t>(MessageKind::kData);
   envelope.count = count;
-  envelope.root = tag;
+  envelope.tag = tag;
   return envelope;
 }
 
 inline transport::Envelope mismatchNotice(const transport::Envelope& message, DataType expectedType,
                                           size_t expectedCount) {
   transport::Envelope notice = message;
-  notice.reserved = static_cast<uint16_t>(MessageKind::kMismatchNotice);
-  notice.reduceOp = message.dataType;
+  notice.noticeKind = static_cast<uint8_t>(MessageKind::kMismatchNotice);
+  notice.sentDataType = message.dataType;
   notice.dataType = static_cast<uint8_t>(expectedType);
   notice.count = expectedCount;
   return notice;
@@ -55,7 +57,7 @@ inline transport::Envelope mismatchNotice(const transport::Envelope& message, Da
 inline transport::Envelope notice(MessageKind kind) {
   transport::Envelope notice;
   notice.operation = kMessageOperation;
-  notice.reserved = static_cast<uint16_t>(kind);
+  notice.noticeKind = static_cast<uint8_t>(kind);
   return notice;
 }
 

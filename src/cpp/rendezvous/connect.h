@@ -8,8 +8,8 @@
 #include <ringtree/communicator.h>
 #include <ringtree/store/store.h>
 
+#include "arena/node_arena.h"
 #include "transport/pair.h"
-#include "transport/shm/arena.h"
 #include "transport/shm/device.h"
 #include "transport/tcp/device.h"
 
@@ -71,6 +71,6 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options);
 // every rank. Failures throw as above (NetworkError naming rank 0 for the hand-over).
 std::vector<std::unique_ptr<transport::Pair>> connectFullMesh(
     Store& store, int rank, int size, const ConnectOptions& options,
-    std::shared_ptr<transport::shm::NodeArena>* arena = nullptr);
+    std::shared_ptr<arena::NodeArena>* arena = nullptr);
 
 }  // namespace ringtree::rendezvous

@@ -24,7 +24,9 @@ std::string envelopeText(const Envelope& e, size_t bytes) {
   std::ostringstream out;
   out << bytes << " bytes (sequence " << e.sequence << ", operation " << e.operation << ", data type "
       << static_cast<int>(e.dataType) << ", reduce op " << static_cast<int>(e.reduceOp) << ", count " << e.count
-      << ", root " << e.root << ")";
+      << ", root " << e.root << ", tag " << e.tag;
+  if (e.noticeKind != 0) out << ", notice kind " << static_cast<int>(e.noticeKind);
+  out << ")";
   return out.str();
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <ringtree/error.h>
 
@@ -13,33 +14,56 @@
 
 namespace ringtree::transport {
 
-// What every message carries besides its bytes: which collective call it belongs to.
-// The receiver posts the envelope it expects; a different one arriving means the ranks
-// called different collectives (or the same with different arguments), and the receive
-// fails with EnvelopeMismatch instead of corrupting data or hanging.
-struct Envelope {
-  uint64_t sequence = 0;  // per-communicator collective call counter
-  uint32_t operation = 0; // algorithm-defined: collective kind and algorithm step
-  uint8_t dataType = 0;   // ringtree::DataType
-  uint8_t reduceOp = 0;   // ringtree::ReduceOp
-  uint16_t reserved = 0;  // 0, or a notice's kind (kMismatchNotice, kAbandonNotice)
-  uint64_t count = 0;     // element count of the whole call (not of this message)
-  int32_t root = -1;      // root rank, or -1
-  // Ordinary messages: a hash of the call's per-rank counts (allgather, reduce_scatter;
-  // 0 for the others), so that ranks that agree on the total but not on the split
-  // mismatch. An abandon notice: its culprit (see kAbandonNotice).
-  uint32_t extra = 0;
+// How a rank whose collective call failed names the failure's class in the abandon
+// notices it sends (Envelope::noticeFailure).
+enum class NoticeFailure : uint8_t { kError = 0, kNetwork = 1, kTimeout = 2, kMismatch = 3 };
 
-  // Compares every field. `reserved` counts: a message flagged there (a notice, see
-  // Pair::sendNotice) never completes an ordinary receive.
+// What every message carries besides its bytes: which call (collective or
+// point-to-point) it belongs to and, for a notice, what it reports. Every field has one
+// meaning; a field a message has no use for keeps its default. The receiver posts the
+// envelope it expects; a different one arriving means the ranks called different
+// collectives (or the same with different arguments), and the receive fails with
+// EnvelopeMismatch instead of corrupting data or hanging.
+//
+// Part of the wire format between ranks of one build (host byte order), 40 bytes with no
+// implicit padding, so that every byte a transport sends is defined.
+struct Envelope {
+  // Collectives: the communicator's call counter. Point-to-point: the message's number
+  // among those from its sender to its receiver (1, 2, ...).
+  uint64_t sequence = 0;
+  uint64_t count = 0;      // elements of the whole call (not of this message), or of the message
+  uint16_t operation = 0;  // which protocol: collective << 8 | algorithm, or p2p::kMessageOperation
+  uint8_t dataType = 0;    // ringtree::DataType of the elements
+  uint8_t reduceOp = 0;    // ringtree::ReduceOp of a reducing collective; 0 otherwise
+  int32_t root = -1;       // root rank of a rooted collective; -1 otherwise
+  // A hash of a collective's per-rank counts where ranks check them (the shm_direct
+  // allgather and reduce_scatter fingerprints), so that ranks that agree on the total but
+  // not on the split mismatch; 0 otherwise.
+  uint32_t countsHash = 0;
+  int32_t tag = 0;  // a point-to-point message's tag; 0 for collectives
+  // An abandon notice (kAbandonNotice): the rank that caused the failure (the one that
+  // died, disconnected, did not arrive or called something else; the sender itself when
+  // none is known). -1 otherwise.
+  int32_t culprit = -1;
+  // 0: an ordinary message. Otherwise a notice (see Pair::sendNotice) of a kind the layer
+  // above defines (the collectives' kMismatchNotice and kAbandonNotice below,
+  // p2p::MessageKind): it never completes an ordinary receive.
+  uint8_t noticeKind = 0;
+  NoticeFailure noticeFailure = NoticeFailure::kError;  // a collective abandon notice's failure class
+  uint8_t sentDataType = 0;  // a point-to-point mismatch notice: the data type the message was sent as
+  uint8_t padding = 0;       // always 0
+
+  // Compares every field but padding: a notice never equals an ordinary message.
   bool operator==(const Envelope& o) const {
-    return sequence == o.sequence && operation == o.operation && dataType == o.dataType &&
-           reduceOp == o.reduceOp && reserved == o.reserved && count == o.count && root == o.root &&
-           extra == o.extra;
+    return sequence == o.sequence && count == o.count && operation == o.operation && dataType == o.dataType &&
+           reduceOp == o.reduceOp && root == o.root && countsHash == o.countsHash && tag == o.tag &&
+           culprit == o.culprit && noticeKind == o.noticeKind && noticeFailure == o.noticeFailure &&
+           sentDataType == o.sentDataType;
   }
   bool operator!=(const Envelope& o) const { return !(*this == o); }
 };
-static_assert(sizeof(Envelope) == 32, "Envelope is part of the wire format");
+static_assert(sizeof(Envelope) == 40, "Envelope is part of the wire format");
+static_assert(std::has_unique_object_representations_v<Envelope>, "Envelope has no padding bytes");
 
 // How transports name a message in their errors: "1024 bytes of allreduce(seq=3, ...)"
 // through the describer the layer above installed, which knows what the operation codes
@@ -49,19 +73,16 @@ std::string envelopeText(const Envelope& envelope, size_t bytes);
 using EnvelopeDescriber = std::string (*)(const Envelope&);
 void setEnvelopeDescriber(EnvelopeDescriber describer);
 
-// Envelope.reserved of notices (Pair::sendNotice), low byte: the kind.
+// The collectives' notice kinds (Envelope::noticeKind; Pair::sendNotice).
 // kMismatchNotice: "this is the call I made", sent to the peer whose message did not
 // match. kAbandonNotice: "I gave up on this call", sent to every other peer by a rank
-// whose call failed: the high byte of `reserved` is the failure's class (NoticeFailure),
-// `extra` the rank that caused it (the one that died, disconnected, did not arrive or
-// called something else; the sender itself when none is known), and the other fields
-// describe the call that failed.
-constexpr uint16_t kMismatchNotice = 1;
-constexpr uint16_t kAbandonNotice = 2;
-enum class NoticeFailure : uint8_t { kError = 0, kNetwork = 1, kTimeout = 2, kMismatch = 3 };
+// whose call failed, with the failure's class in noticeFailure and the rank that caused
+// it in culprit; the other fields describe the call that failed.
+constexpr uint8_t kMismatchNotice = 1;
+constexpr uint8_t kAbandonNotice = 2;
 
-inline bool isNotice(const Envelope& envelope) { return envelope.reserved != 0; }
-inline bool isAbandonNotice(const Envelope& envelope) { return (envelope.reserved & 0xff) == kAbandonNotice; }
+inline bool isNotice(const Envelope& envelope) { return envelope.noticeKind != 0; }
+inline bool isAbandonNotice(const Envelope& envelope) { return envelope.noticeKind == kAbandonNotice; }
 
 // A NetworkError caused by one peer (its connection closed or broke, or it broke the
 // protocol): carries that peer's rank, so that the rank that fails can tell the others
@@ -175,8 +196,8 @@ class Pair {
   // ring and the peer woken). Never throws; the pair is failed afterwards (every later
   // call rethrows the earlier error, or a NetworkError saying the pair was abandoned).
   // Dropped operations never touch their buffers again. The peer sees the notice as an
-  // ordinary message, all 32 envelope bytes (`reserved` included) as given here, and the
-  // connection's end of stream after it (this side sends nothing more).
+  // ordinary message, the whole envelope (its notice fields included) as given here, and
+  // the connection's end of stream after it (this side sends nothing more).
   virtual void sendNotice(const Envelope& notice, net::Deadline deadline) noexcept = 0;
 
  protected:

@@ -443,13 +443,6 @@ std::shared_ptr<ProcessGroup> releasedWithoutGil(std::shared_ptr<ProcessGroup> g
   });
 }
 
-TransportKind parseTransport(const std::string& name) {
-  if (name == "auto") return TransportKind::kAuto;
-  if (name == "tcp") return TransportKind::kTcp;
-  if (name == "shm") return TransportKind::kShm;
-  throw InvalidArgument("unknown transport '" + name + "'; expected 'auto', 'tcp' or 'shm'");
-}
-
 }  // namespace
 
 void initProcessGroup(py::module_& m) {
@@ -475,7 +468,7 @@ object with __dlpack__ or the buffer protocol, used in place; ranks are group ra
               throw InvalidArgument("ProcessGroup.create needs a store, got None");
             }
             CommunicatorOptions options;
-            options.transport = parseTransport(transport);
+            options.transport = parseTransportKind(transport);
             options.interface = interface;
             options.timeout = toMilliseconds(timeout);
             std::shared_ptr<ProcessGroup> group;

@@ -21,6 +21,12 @@ class CommunicatorImpl;
 //  kTcp:  TCP to every peer.      kShm: shared memory to every peer (all must be local).
 enum class TransportKind { kAuto, kTcp, kShm };
 
+// "auto", "tcp" or "shm".
+RINGTREE_API const char* transportKindName(TransportKind kind);
+// The kind transportKindName() names. Throws InvalidArgument ("unknown transport 'x';
+// expected 'auto', 'tcp' or 'shm'") for any other text.
+RINGTREE_API TransportKind parseTransportKind(const std::string& name);
+
 struct CommunicatorOptions {
   // RINGTREE_TRANSPORT=auto|tcp|shm, when set, replaces this value.
   TransportKind transport = TransportKind::kAuto;

@@ -17,7 +17,7 @@ constexpr size_t kCacheLineBytes = 64;
 // First word of the control block and of the handshake message ("ringtree" in ASCII).
 constexpr uint64_t kMagic = 0x65657274676e6972ULL;
 // Bumped on any change to this file's layouts.
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
 
 // Ring sizes are multiples of a cache line within these bounds (the smallest holds one
 // MessageHeader and one cache line of payload).
@@ -83,7 +83,6 @@ struct MessageHeader {
   uint32_t kind;      // MessageKind
   uint32_t marker;    // kHeaderMarker: catches a reader that lost its place
   uint64_t address;   // kDirect: address of the payload in the sender's address space
-  uint64_t reserved;
 };
 static_assert(sizeof(MessageHeader) == kCacheLineBytes, "MessageHeader is one cache line");
 constexpr uint32_t kHeaderMarker = 0x6d736721;

@@ -19,7 +19,7 @@ struct WireHeader {
   Envelope envelope;
   uint64_t bytes = 0;  // payload bytes that follow
 };
-static_assert(sizeof(WireHeader) == 40, "WireHeader is part of the wire format");
+static_assert(sizeof(WireHeader) == 48, "WireHeader is part of the wire format");
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 
 // A Pair over one non-blocking TCP socket.

@@ -1,4 +1,4 @@
-#include "transport/shm/arena.h"
+#include "arena/node_arena.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -14,15 +14,18 @@
 
 #include <ringtree/error.h>
 
-namespace ringtree::transport::shm {
+namespace ringtree::arena {
 
 namespace {
+
+using transport::Envelope;
+using transport::shm::Segment;
 
 // How arena segments appear in /proc/<pid>/maps ("/memfd:ringtree-arena (deleted)").
 constexpr const char* kSegmentName = "ringtree-arena";
 // First word of the header ("rtarena1" in ASCII, little-endian).
 constexpr uint64_t kArenaMagic = 0x31616e6572617472ULL;
-// Bumped on any change to the layout or the protocol of arena.h.
+// Bumped on any change to the layout or the protocol of node_arena.h.
 constexpr uint32_t kArenaVersion = 3;
 constexpr size_t kPageBytes = 4096;
 // Control blocks start on their own line after the header.
@@ -46,14 +49,15 @@ size_t slotOffsetFor(int size) {
 }
 
 // A fingerprint in four words, a seqlock: [0] sequence, 0 while being rewritten; [1]
-// count; [2] operation | root << 32; [3] dataType | reduceOp << 8 | extra << 32.
+// count; [2] operation | root << 32; [3] dataType | reduceOp << 8 | countsHash << 32. The
+// other envelope fields (point-to-point's and the notices') are never a call's.
 void storeFingerprint(std::atomic<uint64_t>* words, const Envelope& envelope) {
   words[0].store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   words[1].store(envelope.count, std::memory_order_relaxed);
   words[2].store(uint64_t{envelope.operation} | uint64_t{static_cast<uint32_t>(envelope.root)} << 32,
                  std::memory_order_relaxed);
-  words[3].store(uint64_t{envelope.dataType} | uint64_t{envelope.reduceOp} << 8 | uint64_t{envelope.extra} << 32,
+  words[3].store(uint64_t{envelope.dataType} | uint64_t{envelope.reduceOp} << 8 | uint64_t{envelope.countsHash} << 32,
                  std::memory_order_relaxed);
   words[0].store(envelope.sequence, std::memory_order_release);
 }
@@ -70,11 +74,11 @@ bool loadFingerprint(const std::atomic<uint64_t>* words, Envelope* envelope) {
   *envelope = Envelope{};
   envelope->sequence = sequence;
   envelope->count = count;
-  envelope->operation = static_cast<uint32_t>(operationRoot);
+  envelope->operation = static_cast<uint16_t>(operationRoot);
   envelope->root = static_cast<int32_t>(static_cast<uint32_t>(operationRoot >> 32));
   envelope->dataType = static_cast<uint8_t>(typeOp);
   envelope->reduceOp = static_cast<uint8_t>(typeOp >> 8);
-  envelope->extra = static_cast<uint32_t>(typeOp >> 32);
+  envelope->countsHash = static_cast<uint32_t>(typeOp >> 32);
   return true;
 }
 
@@ -246,4 +250,4 @@ void NodeArena::sleepWhile(int rank, uint32_t seen, std::chrono::nanoseconds tim
   mine.sleepingOn.store(0, std::memory_order_relaxed);
 }
 
-}  // namespace ringtree::transport::shm
+}  // namespace ringtree::arena

@@ -11,13 +11,15 @@
 #include "transport/pair.h"
 #include "transport/shm/segment.h"
 
-namespace ringtree::transport::shm {
+namespace ringtree::arena {
 
 // The node-wide shared segment of a communicator whose ranks are all on this host: one
-// memfd segment (see Segment: never named in /dev/shm, gone with the last process that
-// maps it, kill -9 included), created by rank 0, handed to every other rank with
-// SCM_RIGHTS at rendezvous and mapped, pre-faulted, by all. The shared-memory direct
-// collectives (algorithms/shm_direct.h) run over it.
+// memfd segment (see transport/shm/segment.h: never named in /dev/shm, gone with the
+// last process that maps it, kill -9 included), created by rank 0, handed to every other
+// rank with SCM_RIGHTS at rendezvous (rendezvous/arena_setup.h) and mapped, pre-faulted,
+// by all. It is no Pair: no messages, only slots and counters. The shared-memory direct
+// collectives (algorithms/shm_direct.h) run over it, and the diagnostics read the calls
+// the ranks announce in it (diagnostics/arena_status.h).
 //
 // Layout (offsets in bytes, host byte order; every rank runs the same build):
 //   0                      header: magic, version, size, slotBytes, slot offset
@@ -123,10 +125,10 @@ class NodeArena {
   // Publishes the fingerprint of the call this rank enters (envelope.sequence != 0) and
   // when it entered it (steady-clock nanoseconds: CLOCK_MONOTONIC, one time base for
   // every process of the host; 0: unknown).
-  void publishCall(const Envelope& envelope, int64_t startNs = 0);
+  void publishCall(const transport::Envelope& envelope, int64_t startNs = 0);
   // Reads `rank`'s published fingerprint into *envelope. Returns false when the rank is
   // rewriting it right now (try again) or has not published one yet (sequence 0).
-  bool peerCall(int rank, Envelope* envelope) const;
+  bool peerCall(int rank, transport::Envelope* envelope) const;
 
   // What `rank`'s history says of its call with `sequence`.
   enum class History {
@@ -136,7 +138,7 @@ class NodeArena {
     kAbsent,     // its slot holds another call: an older one (the rank has not made this
                  // call yet) or a later one (it made kHistory more calls since)
   };
-  History peerCallAt(int rank, uint64_t sequence, Envelope* envelope) const;
+  History peerCallAt(int rank, uint64_t sequence, transport::Envelope* envelope) const;
 
   // Records that this rank finished its call `sequence` (failed or not) at `endNs`
   // (steady clock), for the peers' diagnostics.
@@ -174,10 +176,10 @@ class NodeArena {
  private:
   struct ControlBlock;
 
-  NodeArena(Segment segment, int rank, int size, size_t slotBytes, size_t slotOffset);
+  NodeArena(transport::shm::Segment segment, int rank, int size, size_t slotBytes, size_t slotOffset);
   ControlBlock& block(int rank) const;
 
-  Segment segment_;
+  transport::shm::Segment segment_;
   int rank_;
   int size_;
   size_t slotBytes_;
@@ -190,4 +192,4 @@ class NodeArena {
   std::vector<uint32_t> pageStep_;
 };
 
-}  // namespace ringtree::transport::shm
+}  // namespace ringtree::arena

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
-#include <vector>
 
 #include <ringtree/communicator.h>
 #include <ringtree/options.h>
@@ -14,8 +14,9 @@
 #include "communicator_impl.h"
 #include "transport/pair.h"
 
-// What every collective algorithm shares: the call context (sequence number, envelope,
-// deadline), blocking send/receive steps over pairs, and balanced element ranges.
+// The life cycle of one collective call, which every algorithm runs inside (runCall:
+// sequence number, envelope, deadline, flight recorder, failure handling), and the
+// blocking send/receive steps algorithms build on.
 namespace ringtree::algorithms {
 
 enum class Collective : uint8_t {
@@ -46,7 +47,14 @@ struct Call {
 
 // Envelope.operation = collective << 8 | algorithm: ranks that chose different
 // algorithms for the same call are caught as a mismatch too.
-uint32_t operationCode(Collective collective, Algorithm algorithm);
+uint16_t operationCode(Collective collective, Algorithm algorithm);
+// The collective and the algorithm an envelope's operation code names.
+inline Collective collectiveOf(const transport::Envelope& envelope) {
+  return static_cast<Collective>(envelope.operation >> 8);
+}
+inline Algorithm algorithmOf(const transport::Envelope& envelope) {
+  return static_cast<Algorithm>(envelope.operation & 0xff);
+}
 
 // "allreduce(seq=3, algorithm=ring, dtype=float32, count=1024, op=SUM)".
 std::string describe(const transport::Envelope& envelope);
@@ -62,16 +70,6 @@ template <typename Body>
 void runCall(Communicator& communicator, Collective collective, Algorithm algorithm, DataType type,
              ReduceOp op, size_t count, int root, std::chrono::milliseconds timeout, Body&& body);
 
-// A range of elements [offset, offset + count).
-struct Range {
-  size_t offset = 0;
-  size_t count = 0;
-};
-
-// Part `index` of `count` elements cut into `parts` nearly equal, contiguous parts (the
-// first count % parts parts have one element more).
-Range partition(size_t count, int parts, int index);
-
 // Blocking steps. Each waits (spinning, then sleeping) until its messages are done.
 void send(Call& call, int peer, const void* data, size_t bytes);
 void recv(Call& call, int peer, void* data, size_t bytes, const transport::Accumulate& accumulate = {});
@@ -81,7 +79,8 @@ void sendRecv(Call& call, int sendPeer, const void* sendData, size_t sendBytes, 
 
 // Implementation detail of runCall, out of line: beginCall opens the call's flight-recorder
 // entry (and publishes its fingerprint in the node arena), endCall closes it, failCall
-// closes it as failed (and leaves the failure's traces: see <ringtree/flight_recorder.h>).
+// (call_failure.cc) closes it as failed, tells the peers, and throws the error the call
+// fails with (see <ringtree/flight_recorder.h> for the traces a failure leaves).
 Call beginCall(Communicator& communicator, Collective collective, Algorithm algorithm, DataType type, ReduceOp op,
                size_t count, int root, std::chrono::milliseconds timeout);
 void endCall(Call& call);

@@ -1,17 +1,19 @@
-#include "algorithms/common.h"
+#include "algorithms/call_failure.h"
 
-#include <cstdio>
 #include <exception>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <ringtree/error.h>
 
-#include "algorithms/shm_direct.h"
 #include "common/logging.h"
-#include "common/validation.h"
+#include "diagnostics/arena_status.h"
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/peer_status.h"
 
+// How a call fails (failCall): the error it throws, the notices that tell the peers, the
+// traces it leaves, and the long waits' check that the peers are in the same call.
 namespace ringtree::algorithms {
 
 namespace {
@@ -31,7 +33,6 @@ std::string inCall(const Call& call, const std::string& what) {
   return what + " [in " + description + "]";
 }
 
-
 // How many of its latest calls a rank logs after a timeout or network error.
 constexpr size_t kLoggedCalls = 10;
 
@@ -40,31 +41,9 @@ constexpr std::chrono::milliseconds kStatusReadBudget(1000);
 // The same for a long wait's check that the peers are in the same call.
 constexpr std::chrono::milliseconds kStallReadBudget(500);
 
-// Names the collectives' messages in the transports' errors (transport::envelopeText);
-// "" for envelopes that are not a collective's (point-to-point's, say).
-std::string describeCollectiveMessage(const transport::Envelope& envelope) {
-  const uint32_t code = envelope.operation >> 8;
-  if (code < static_cast<uint32_t>(Collective::kAllreduce) || code > static_cast<uint32_t>(Collective::kLast)) {
-    return {};
-  }
-  return describe(envelope);
-}
-const bool kCollectiveMessagesNamed = (transport::setEnvelopeDescriber(&describeCollectiveMessage), true);
-
-// The collective and the algorithm of a call, from its envelope (see operationCode).
-const char* collectiveOf(const transport::Envelope& envelope) {
-  return collectiveName(static_cast<Collective>(envelope.operation >> 8));
-}
-const char* algorithmOf(const transport::Envelope& envelope) {
-  return algorithmName(static_cast<Algorithm>(envelope.operation & 0xff));
-}
-
-// How the flight recorder reads the envelopes it records.
-const diagnostics::CallFormat kCallFormat{&describe, &collectiveOf, &algorithmOf};
-
 // "allreduce(seq=7)": a call named briefly, where its full description was given before.
 std::string shortName(const transport::Envelope& envelope) {
-  return std::string(collectiveOf(envelope)) + "(seq=" + std::to_string(envelope.sequence) + ")";
+  return std::string(collectiveName(collectiveOf(envelope))) + "(seq=" + std::to_string(envelope.sequence) + ")";
 }
 
 using Failure = detail::CommunicatorImpl::Failure;
@@ -74,7 +53,7 @@ using Failure = detail::CommunicatorImpl::Failure;
 // saying why, when neither can tell.
 std::vector<diagnostics::PeerProgress> peerProgress(Call& call, std::string* unavailable,
                                                     std::chrono::milliseconds budget = kStatusReadBudget) {
-  if (call.comm.arena() != nullptr) return arenaPeerProgress(call);
+  if (call.comm.arena() != nullptr) return diagnostics::readArenaPeers(*call.comm.arena(), &describe);
   if (diagnostics::StatusPublisher* publisher = call.comm.statusPublisher()) {
     return publisher->readPeers(budget);
   }
@@ -102,33 +81,6 @@ class PeerInAnotherCall : public std::exception {
   diagnostics::PeerProgress peer;
 };
 
-// The StallCheck of a call's waits (context: the Call): reads what the peers published
-// (the node arena, else the store) and throws PeerInAnotherCall for a peer in another call
-// with this call's sequence number.
-void checkPeersCalls(void* context) {
-  Call& call = *static_cast<Call*>(context);
-  std::string unavailable;
-  const std::vector<diagnostics::PeerProgress> peers = peerProgress(call, &unavailable, kStallReadBudget);
-  if (const diagnostics::PeerProgress* other = inAnotherCall(call, peers)) throw PeerInAnotherCall(*other);
-}
-
-detail::CommunicatorImpl::StallCheck stallCheckOf(Call& call) { return {&checkPeersCalls, &call}; }
-
-// A call on a communicator that an earlier failure broke: an error of that failure's
-// class, repeating its text after the new call's description.
-[[noreturn]] void throwBroken(const detail::CommunicatorImpl& comm, const transport::Envelope& envelope) {
-  const std::string message = "rank " + std::to_string(comm.rank()) + ": " + describe(envelope) +
-                              " cannot run, the communicator is unusable after an earlier failure: " +
-                              comm.brokenReason();
-  switch (comm.brokenFailure()) {
-    case detail::CommunicatorImpl::Failure::kNetwork: throw NetworkError(message);
-    case detail::CommunicatorImpl::Failure::kTimeout: throw TimeoutError(message);
-    case detail::CommunicatorImpl::Failure::kMismatch: throw CollectiveMismatchError(message);
-    case detail::CommunicatorImpl::Failure::kError: break;
-  }
-  throw Error(message);
-}
-
 // Which failures leave what trace besides the error.
 enum class Trace {
   kNone,
@@ -143,7 +95,7 @@ void recordFailure(Call& call, const std::string& message, detail::CommunicatorI
   try {
     const int64_t now = diagnostics::steadyNowNs();
     call.comm.flightRecorder().finished(CallState::kFailed, now, message);
-    announceFinished(call, true, now);
+    diagnostics::announceFinished(call.comm.arena(), call.envelope.sequence, true, now);
     call.comm.markBroken(message, failure);
     if (trace == Trace::kDumpAndLog) {
       std::vector<FlightRecord> latest;
@@ -182,9 +134,9 @@ NoticeFailure noticeFailureOf(Failure failure) {
 void abandonPeers(Call& call, int culprit, Failure failure, int skip) noexcept {
   if (call.comm.connectionsReleased()) return;
   transport::Envelope notice = call.envelope;
-  notice.reserved = static_cast<uint16_t>(transport::kAbandonNotice | static_cast<uint16_t>(noticeFailureOf(failure))
-                                                                           << 8);
-  notice.extra = static_cast<uint32_t>(culprit >= 0 ? culprit : call.rank());
+  notice.noticeKind = transport::kAbandonNotice;
+  notice.noticeFailure = noticeFailureOf(failure);
+  notice.culprit = culprit >= 0 ? culprit : call.rank();
   const net::Deadline deadline = net::deadlineAfter(kNoticeTimeout);
   for (int peer = 0; peer < call.size(); ++peer) {
     if (peer != call.rank() && peer != skip) call.comm.pair(peer).sendNotice(notice, deadline);
@@ -195,7 +147,7 @@ void abandonPeers(Call& call, int culprit, Failure failure, int skip) noexcept {
 // diagnosis. Best effort, bounded. Never throws.
 void sendMismatchNotice(Call& call, int peer) noexcept {
   transport::Envelope notice = call.envelope;
-  notice.reserved = transport::kMismatchNotice;
+  notice.noticeKind = transport::kMismatchNotice;
   call.comm.pair(peer).sendNotice(notice, net::deadlineAfter(kNoticeTimeout));
 }
 
@@ -218,97 +170,24 @@ int firstAbsent(const Call& call, const std::vector<diagnostics::PeerProgress>& 
 
 }  // namespace
 
-const char* collectiveName(Collective collective) {
-  switch (collective) {
-    case Collective::kAllreduce: return "allreduce";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduce: return "reduce";
-    case Collective::kBarrier: return "barrier";
-    case Collective::kAllgather: return "allgather";
-    case Collective::kGather: return "gather";
-    case Collective::kScatter: return "scatter";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAlltoall: return "alltoall";
-  }
-  return "unknown collective";
+void checkPeersCalls(void* context) {
+  Call& call = *static_cast<Call*>(context);
+  std::string unavailable;
+  const std::vector<diagnostics::PeerProgress> peers = peerProgress(call, &unavailable, kStallReadBudget);
+  if (const diagnostics::PeerProgress* other = inAnotherCall(call, peers)) throw PeerInAnotherCall(*other);
 }
 
-uint32_t operationCode(Collective collective, Algorithm algorithm) {
-  return static_cast<uint32_t>(collective) << 8 | static_cast<uint32_t>(algorithm);
-}
-
-std::string describe(const transport::Envelope& e) {
-  const auto collective = static_cast<Collective>(e.operation >> 8);
-  const auto algorithm = static_cast<Algorithm>(e.operation & 0xff);
-  std::string text = collectiveName(collective);
-  text += "(seq=" + std::to_string(e.sequence);
-  if (collective != Collective::kBarrier) {
-    text += ", algorithm=" + std::string(algorithmName(algorithm));
-    text += ", dtype=" + std::string(e.dataType < kNumDataTypes ? dataTypeName(static_cast<DataType>(e.dataType)) : "?");
-    // An alltoall's ranks share no element count (each knows its own row and column of
-    // the count matrix): its envelope carries 0, and message sizes are checked instead.
-    if (collective != Collective::kAlltoall) text += ", count=" + std::to_string(e.count);
+void throwBroken(const detail::CommunicatorImpl& comm, const transport::Envelope& envelope) {
+  const std::string message = "rank " + std::to_string(comm.rank()) + ": " + describe(envelope) +
+                              " cannot run, the communicator is unusable after an earlier failure: " +
+                              comm.brokenReason();
+  switch (comm.brokenFailure()) {
+    case detail::CommunicatorImpl::Failure::kNetwork: throw NetworkError(message);
+    case detail::CommunicatorImpl::Failure::kTimeout: throw TimeoutError(message);
+    case detail::CommunicatorImpl::Failure::kMismatch: throw CollectiveMismatchError(message);
+    case detail::CommunicatorImpl::Failure::kError: break;
   }
-  if (e.extra != 0 && !transport::isNotice(e)) {
-    char hash[16];
-    std::snprintf(hash, sizeof(hash), "%08x", e.extra);
-    text += ", counts hash=" + std::string(hash);
-  }
-  if (collective == Collective::kAllreduce || collective == Collective::kReduce ||
-      collective == Collective::kReduceScatter) {
-    text += ", op=" + std::string(e.reduceOp < kNumReduceOps ? reduceOpName(static_cast<ReduceOp>(e.reduceOp)) : "?");
-  }
-  if (collective == Collective::kBroadcast || collective == Collective::kReduce ||
-      collective == Collective::kGather || collective == Collective::kScatter) {
-    text += ", root=" + std::to_string(e.root);
-  }
-  return text + ")";
-}
-
-Range partition(size_t count, int parts, int index) {
-  const size_t n = static_cast<size_t>(parts);
-  const size_t i = static_cast<size_t>(index);
-  const size_t base = count / n;
-  const size_t extra = count % n;
-  return Range{i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
-
-Call beginCall(Communicator& communicator, Collective collective, Algorithm algorithm, DataType type, ReduceOp op,
-               size_t count, int root, std::chrono::milliseconds timeout) {
-  auto& comm = communicator.impl();
-  if (comm.aborted()) {
-    throw Error(std::string(collectiveName(collective)) + " on rank " + std::to_string(comm.rank()) +
-                ": the communicator was aborted");
-  }
-  validation::checkTimeout(collectiveName(collective), timeout);
-  transport::Envelope envelope;
-  envelope.sequence = comm.nextSequence();
-  envelope.operation = operationCode(collective, algorithm);
-  envelope.dataType = static_cast<uint8_t>(type);
-  envelope.reduceOp = static_cast<uint8_t>(op);
-  envelope.count = count;
-  envelope.root = root;
-  if (!comm.brokenReason().empty()) throwBroken(comm, envelope);
-  const auto effective = timeout.count() > 0 ? timeout : comm.timeout();
-  RINGTREE_DEBUG("rank " << comm.rank() << " starts " << describe(envelope));
-  Call call{comm, envelope, net::deadlineAfter(effective), elementSize(type)};
-  // The start: the clock read deadlineAfter made (one read fewer on the fast path), unless
-  // the deadline saturated.
-  const int64_t start = call.deadline == net::kNoDeadline
-                            ? diagnostics::steadyNowNs()
-                            : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  (call.deadline - effective).time_since_epoch())
-                                  .count();
-  comm.flightRecorder().started(envelope, &kCallFormat, start);
-  announceCall(call, start);
-  comm.startStatusPublishing();
-  return call;
-}
-
-void endCall(Call& call) {
-  const int64_t now = diagnostics::steadyNowNs();
-  call.comm.flightRecorder().finished(CallState::kCompleted, now);
-  announceFinished(call, false, now);
+  throw Error(message);
 }
 
 void failCall(Call& call, std::exception_ptr error) {
@@ -319,11 +198,12 @@ void failCall(Call& call, std::exception_ptr error) {
       // A peer gave up on a call: fail with its cause, naming the rank that caused it,
       // and pass the notice on (a peer that waits on this rank only learns it from here).
       const int reporter = mismatch.peerRank;
-      const int culprit = static_cast<int>(mismatch.actual.extra);
-      const auto kind = static_cast<NoticeFailure>(mismatch.actual.reserved >> 8);
-      transport::Envelope failed = mismatch.actual;
-      failed.reserved = 0;
-      failed.extra = 0;
+      const int culprit = mismatch.actual.culprit;
+      const NoticeFailure kind = mismatch.actual.noticeFailure;
+      transport::Envelope failed = mismatch.actual;  // the call that failed, as the notice describes it
+      failed.noticeKind = 0;
+      failed.noticeFailure = NoticeFailure::kError;
+      failed.culprit = -1;
       const char* what = kind == NoticeFailure::kNetwork    ? " died or closed its connections during "
                           : kind == NoticeFailure::kTimeout ? " did not arrive in time for "
                           : kind == NoticeFailure::kMismatch ? " called another collective than "
@@ -354,7 +234,7 @@ void failCall(Call& call, std::exception_ptr error) {
       }
       throw Error(message);
     }
-    const bool peerDetectedIt = (mismatch.actual.reserved & transport::kMismatchNotice) != 0;
+    const bool peerDetectedIt = mismatch.actual.noticeKind == transport::kMismatchNotice;
     if (!peerDetectedIt) sendMismatchNotice(call, mismatch.peerRank);
     std::string message = "collective mismatch between rank " + std::to_string(call.rank()) + " and rank " +
                            std::to_string(mismatch.peerRank) + ": rank " + std::to_string(call.rank()) + " called " +
@@ -434,35 +314,6 @@ void failCall(Call& call, std::exception_ptr error) {
     abandonPeers(call, -1, Failure::kError, -1);
     recordFailure(call, inCall(call, e.what()), Failure::kError, Trace::kNone);
     throw;
-  }
-}
-
-void send(Call& call, int peer, const void* data, size_t bytes) {
-  auto& pair = call.comm.pair(peer);
-  pair.postSend(call.envelope, data, bytes);
-  call.comm.waitIdle({&pair}, call.deadline, stallCheckOf(call));
-  // Nothing is read from this peer in this step: make sure it has not gone away or
-  // given up (a send finishes once the kernel or the ring has taken it).
-  if (pair.pendingRecvs() == 0) pair.checkIncoming(&call.envelope);
-}
-
-void recv(Call& call, int peer, void* data, size_t bytes, const transport::Accumulate& accumulate) {
-  auto& pair = call.comm.pair(peer);
-  pair.postRecv(call.envelope, data, bytes, accumulate);
-  call.comm.waitIdle({&pair}, call.deadline, stallCheckOf(call));
-}
-
-void sendRecv(Call& call, int sendPeer, const void* sendData, size_t sendBytes, int recvPeer, void* recvData,
-              size_t recvBytes, const transport::Accumulate& accumulate) {
-  auto& out = call.comm.pair(sendPeer);
-  auto& in = call.comm.pair(recvPeer);
-  in.postRecv(call.envelope, recvData, recvBytes, accumulate);
-  out.postSend(call.envelope, sendData, sendBytes);
-  if (&out == &in) {
-    call.comm.waitIdle({&out}, call.deadline, stallCheckOf(call));
-  } else {
-    call.comm.waitIdle({&out, &in}, call.deadline, stallCheckOf(call));
-    if (out.pendingRecvs() == 0) out.checkIncoming(&call.envelope);  // as in send()
   }
 }
 
