@@ -11,7 +11,17 @@ import warnings as _warnings
 
 from ._C import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._C import __version__ as __version__
-from .backend import Backend, BackendConfig
+from .backend import (
+    Backend,
+    BackendConfig,
+    get_default_backend_for_device,
+    is_backend_available,
+    is_gloo_available,
+    is_mpi_available,
+    is_nccl_available,
+    is_ucc_available,
+    is_xccl_available,
+)
 from .constants import default_pg_timeout
 from . import work as _work  # noqa: F401 - adds result()/get_future() to Work
 from .collectives import _all_gather_base as _all_gather_base
@@ -50,21 +60,14 @@ from .process_group import (
     destroy_process_group,
     get_backend,
     get_backend_config,
-    get_default_backend_for_device,
     get_node_local_rank,
     get_rank,
     get_world_size,
     group,
     init_process_group,
     is_available,
-    is_backend_available,
-    is_gloo_available,
     is_initialized,
-    is_mpi_available,
-    is_nccl_available,
     is_torchelastic_launched,
-    is_ucc_available,
-    is_xccl_available,
 )
 from .process_group import _store_barrier as _store_barrier
 from .diagnostics import dump_flight_recorder

@@ -31,7 +31,7 @@ from typing import Any
 
 from . import constants
 from ._world import world
-from .backend import Backend, BackendConfig
+from .backend import Backend, BackendConfig, parse_backend
 from .errors import DistBackendError, DistStoreError, DistTimeoutError
 from .process_group import (
     GroupMember,
@@ -40,7 +40,6 @@ from .process_group import (
     _check_timeout,
     _create_group,
     _default_pg_or_raise,
-    _parse_backend,
     _rank_not_in_group,
     _store_barrier,
     _warn_not_in_group,
@@ -131,7 +130,7 @@ def _hashed_name(members: list[int], salt: str) -> str:
 
 def _group_backend(backend: str | None, default_pg: ProcessGroup) -> str:
     """The backend string of a new group: the default group's when ``backend`` is None."""
-    return default_pg.name() if not backend else _parse_backend(backend)
+    return default_pg.name() if not backend else parse_backend(backend)
 
 
 def new_group(
@@ -354,7 +353,7 @@ def _split_backend(parent: ProcessGroup, backend: str) -> str:
     """Checks that ``backend`` names only per-device backends the parent has (a plain name
     stands for the devices it is the default backend of: ``"gloo"`` -> cpu); returns the
     child's backend string."""
-    requested = _parse_backend(backend)
+    requested = parse_backend(backend)
     if ":" in requested:
         named = BackendConfig(requested).device_backend_map
     else:

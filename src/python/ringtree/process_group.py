@@ -15,7 +15,7 @@ from . import _C, constants
 from ._C import Communicator, PointToPoint, PrefixStore, Store, TCPStore
 from ._C import ProcessGroup as _NativeProcessGroup
 from ._world import world
-from .backend import Backend, BackendConfig
+from .backend import Backend, BackendConfig, parse_backend, registered_plugin, unavailable_reason
 from .errors import DistBackendError, DistStoreError
 from .rendezvous import rendezvous
 
@@ -26,32 +26,16 @@ __all__ = [
     "destroy_process_group",
     "get_backend",
     "get_backend_config",
-    "get_default_backend_for_device",
     "get_node_local_rank",
     "get_rank",
     "get_world_size",
     "group",
     "init_process_group",
     "is_available",
-    "is_backend_available",
-    "is_gloo_available",
     "is_initialized",
-    "is_mpi_available",
     "is_torchelastic_launched",
-    "is_ucc_available",
-    "is_xccl_available",
-    "is_nccl_available",
 ]
 
-# Backends this build provides, by device type. "gloo" is ringtree's own CPU engine.
-_BUILTIN_BACKENDS = {Backend.GLOO}
-_UNAVAILABLE_BACKENDS = {
-    Backend.NCCL: "ringtree was built without NCCL support (no CUDA path in this build)",
-    Backend.MPI: "ringtree does not provide an MPI backend; use 'gloo' (ringtree's CPU engine)",
-    Backend.UCC: "ringtree does not provide a UCC backend",
-    Backend.XCCL: "ringtree does not provide an XCCL backend",
-    Backend.FAKE: "ringtree does not provide the 'fake' backend",
-}
 # Key (in each group's store) counting the ranks that destroyed the group or exited.
 _EXITED_KEY = "ringtree/exited"
 
@@ -247,49 +231,10 @@ def is_available() -> bool:
     return True
 
 
-def is_gloo_available() -> bool:
-    """True: ``gloo`` is ringtree's own CPU engine, always built."""
-    return True
-
-
-def is_nccl_available() -> bool:
-    """False in this build: it has no CUDA/NCCL path."""
-    return False
-
-
-def is_mpi_available() -> bool:
-    """False: ringtree does not wrap MPI."""
-    return False
-
-
-def is_ucc_available() -> bool:
-    """False: ringtree does not provide a UCC backend."""
-    return False
-
-
-def is_xccl_available() -> bool:
-    """False: ringtree does not provide an XCCL backend."""
-    return False
-
-
 def is_torchelastic_launched() -> bool:
     """Whether this process was started by torchelastic (torchrun), as torch decides it:
     ``TORCHELASTIC_RUN_ID`` is set. ringtree-run does not set it."""
     return os.getenv("TORCHELASTIC_RUN_ID") is not None
-
-
-def is_backend_available(backend: str) -> bool:
-    """True for built-in backends this build provides and for registered plugins."""
-    name = Backend(backend)
-    return name in _BUILTIN_BACKENDS or name.upper() in Backend._plugins
-
-
-def get_default_backend_for_device(device: Any) -> str:
-    """``'cpu'`` -> ``'gloo'``, ``'cuda'`` -> ``'nccl'``; ValueError for other devices."""
-    device_type = getattr(device, "type", device)
-    if not isinstance(device_type, str) or device_type.split(":")[0] not in Backend.default_device_backend_map:
-        raise ValueError(f"Default backend not registered for device : {device}")
-    return Backend.default_device_backend_map[device_type.split(":")[0]]
 
 
 def is_initialized() -> bool:
@@ -372,21 +317,8 @@ def _check_device_id(device_id: Any) -> None:
         raise ValueError(f"init_process_group device_id parameter must be an accelerator with an index, got {device_id}")
     raise DistBackendError(
         f"init_process_group(device_id={device_id!r}) binds an accelerator, which needs the NCCL backend: "
-        + _UNAVAILABLE_BACKENDS[Backend.NCCL]
+        + unavailable_reason(Backend.NCCL)
     )
-
-
-def _check_backends(config: BackendConfig, explicit: bool) -> None:
-    for device, name in config.device_backend_map.items():
-        if name in _BUILTIN_BACKENDS or name.upper() in Backend._plugins:
-            continue
-        if name in _UNAVAILABLE_BACKENDS:
-            if explicit:
-                raise DistBackendError(f"backend {name!r} for device {device!r} is not available: {_UNAVAILABLE_BACKENDS[name]}")
-            continue  # a default for a device this process does not use (cuda:nccl on a CPU build)
-        raise ValueError(
-            f"Unknown backend type {name!r}; known: {', '.join(n for n in Backend.backend_list if n != Backend.UNDEFINED)}"
-        )
 
 
 def init_process_group(
@@ -422,7 +354,7 @@ def init_process_group(
     timeout = _check_timeout(timeout)
     if not isinstance(world_size, int) or not isinstance(rank, int):
         raise TypeError(f"rank and world_size must be int, got rank={rank!r}, world_size={world_size!r}")
-    backend_str = _parse_backend(backend)
+    backend_str = parse_backend(backend)
     _check_device_id(device_id)
 
     if store is None:
@@ -448,17 +380,6 @@ def init_process_group(
         _store_barrier(pg)
 
 
-def _parse_backend(backend: str | None) -> str:
-    """The backend string a group created with ``backend`` reports (``None`` ->
-    ``'cpu:gloo,cuda:nccl'``), after checking that this build provides what it names:
-    ValueError for an unknown or malformed name, DistBackendError for an unavailable
-    backend named explicitly."""
-    if backend is not None and not isinstance(backend, str):
-        raise ValueError("Backend constructor parameter must be string-ish")
-    _check_backends(BackendConfig(backend), explicit=backend is not None)
-    return Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")
-
-
 def _create_group(
     root_store: Store,
     name: str,
@@ -479,7 +400,7 @@ def _create_group(
     pg_store = PrefixStore(name, root_store)
     pg = ProcessGroup(pg_store, group_rank, len(global_ranks), timeout, backend_str, name, global_ranks, group_desc)
     for device, backend_name in pg._backend_config.device_backend_map.items():
-        plugin = Backend._plugins.get(backend_name.upper())
+        plugin = registered_plugin(backend_name)
         if plugin is None:
             continue
         device_store = PrefixStore(f"{device}", pg_store)
