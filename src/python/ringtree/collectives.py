@@ -81,10 +81,10 @@ def _group_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, n
         return group_rank
     if rank is None:
         raise ValueError(f"Must specify {name} (a global rank) or group_{name} (a rank in the group)")
-    converted = group._group_ranks.get(rank)
+    converted = group.group_rank_of(rank)
     if converted is None:
         raise ValueError(
-            f"{name}={rank} is not a rank of group {group.group_name!r} (its global ranks: {group._ranks})"
+            f"{name}={rank} is not a rank of group {group.group_name!r} (its global ranks: {list(group.ranks)})"
         )
     return converted
 
@@ -134,7 +134,7 @@ def all_reduce(
     elif _rank_not_in_group(group):
         _warn_not_in_group("all_reduce")
         return None
-    work = group._engine.allreduce(tensor, op, async_op, algorithm)
+    work = group.engine.allreduce(tensor, op, async_op, algorithm)
     if work is not None:  # async: the tensors for Work.result()/get_future() (work.py)
         work._outputs = [tensor]
     return work
@@ -178,7 +178,7 @@ def broadcast(
         _warn_not_in_group("broadcast")
         return None
     root = _group_rank(group, src, group_src, "src")
-    work = group._engine.broadcast(tensor, root, async_op, algorithm)
+    work = group.engine.broadcast(tensor, root, async_op, algorithm)
     if work is not None:
         work._outputs = [tensor]
     return work
@@ -222,7 +222,7 @@ def reduce(
         _warn_not_in_group("reduce")
         return None
     root = _group_rank(group, dst, group_dst, "dst")
-    work = group._engine.reduce(tensor, root, op, async_op, algorithm)
+    work = group.engine.reduce(tensor, root, op, async_op, algorithm)
     if work is not None:
         work._outputs = [tensor]
     return work
@@ -257,7 +257,7 @@ def barrier(
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout).__name__}")
-    work = group._engine.barrier(timeout, async_op)
+    work = group.engine.barrier(timeout, async_op)
     if work is not None:
         work._outputs = []
     return work
@@ -316,7 +316,7 @@ def all_gather(
     pg = _member_group(group, "all_gather")
     if pg is None:
         return None
-    work = pg._engine.allgather(tensor_list, tensor, async_op, algorithm)
+    work = pg.engine.allgather(tensor_list, tensor, async_op, algorithm)
     if work is not None:
         work._outputs = tensor_list
     return work
@@ -352,7 +352,7 @@ def all_gather_single(
     pg = _member_group(group, "all_gather_single")
     if pg is None:
         return None
-    work = pg._engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
+    work = pg.engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
     if work is not None:
         work._outputs = [output_tensor]
     return work
@@ -415,7 +415,7 @@ def gather(
         return None
     root = _root_rank(pg, dst, group_dst, "dst")
     _check_root_list(pg.rank() == root, gather_list, "gather_list", "destination")
-    work = pg._engine.gather(tensor, gather_list, root, async_op, algorithm)
+    work = pg.engine.gather(tensor, gather_list, root, async_op, algorithm)
     if work is not None:
         work._outputs = gather_list if root == pg.rank() else []
     return work
@@ -456,7 +456,7 @@ def scatter(
         return None
     root = _root_rank(pg, src, group_src, "src")
     _check_root_list(pg.rank() == root, scatter_list, "scatter_list", "source")
-    work = pg._engine.scatter(tensor, scatter_list, root, async_op, algorithm)
+    work = pg.engine.scatter(tensor, scatter_list, root, async_op, algorithm)
     if work is not None:
         work._outputs = [tensor]
     return work
@@ -494,7 +494,7 @@ def reduce_scatter(
     pg = _member_group(group, "reduce_scatter")
     if pg is None:
         return None
-    work = pg._engine.reduce_scatter(output, input_list, op, async_op, algorithm)
+    work = pg.engine.reduce_scatter(output, input_list, op, async_op, algorithm)
     if work is not None:
         work._outputs = [output]
     return work
@@ -531,7 +531,7 @@ def reduce_scatter_single(
     pg = _member_group(group, "reduce_scatter_single")
     if pg is None:
         return None
-    work = pg._engine.reduce_scatter_single(output, input, op, async_op, algorithm)
+    work = pg.engine.reduce_scatter_single(output, input, op, async_op, algorithm)
     if work is not None:
         work._outputs = [output]
     return work
@@ -597,7 +597,7 @@ def all_to_all(
     pg = _member_group(group, "all_to_all")
     if pg is None:
         return None
-    work = pg._engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
+    work = pg.engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
     if work is not None:
         work._outputs = output_tensor_list
     return work
@@ -649,7 +649,7 @@ def all_to_all_single(
     pg = _member_group(group, "all_to_all_single")
     if pg is None:
         return None
-    work = pg._engine.alltoall_single(
+    work = pg.engine.alltoall_single(
         output,
         input,
         _split_sizes(output_split_sizes, "output"),
@@ -699,7 +699,7 @@ def all_reduce_coalesced(
         return None
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
-    work = pg._engine.allreduce_coalesced(tensors, op, async_op)
+    work = pg.engine.allreduce_coalesced(tensors, op, async_op)
     if work is not None:
         work._outputs = tensors
     return work
@@ -739,7 +739,7 @@ def all_gather_coalesced(
     pg = _member_group(group, "all_gather_coalesced")
     if pg is None:
         return None
-    work = pg._engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)
+    work = pg.engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)
     if work is not None:
         work._outputs = [tensor for outputs in output_tensor_lists for tensor in outputs]
     return work

@@ -38,7 +38,7 @@ def dump_flight_recorder(
     engine.
     """
     pg = _resolve(group)
-    engine = pg._engine
+    engine = pg.engine
     if not isinstance(engine, _NativeProcessGroup):
         raise DistBackendError(f"group {pg.group_name!r} has no flight recorder: it has no CPU collective engine")
     document = _C._flight_record_json(engine.communicator, "dump_flight_recorder")

@@ -25,7 +25,9 @@ import hashlib
 import os
 import time
 import warnings
+import weakref
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -64,6 +66,32 @@ __all__ = [
 _local_group_counts: Counter[tuple[int, ...]] = Counter()
 
 
+@dataclass
+class _GroupState:
+    """What this module keeps about one group, in _group_states."""
+
+    #: Calls of split_group on the group (each member of the group counts every call);
+    #: part of the names of the groups they create.
+    split_count: int = 0
+    #: Calls of monitored_barrier on the group; numbers their store keys.
+    monitored_barrier_count: int = 0
+    #: On rank 0, the store keys of earlier monitored barriers that can only be deleted
+    #: once a later one has passed.
+    monitored_barrier_stale_keys: list[str] = field(default_factory=list)
+
+
+# The state of each group that split_group or monitored_barrier was called on: written and
+# read by those two functions only; an entry goes away with its group.
+_group_states: weakref.WeakKeyDictionary[ProcessGroup, _GroupState] = weakref.WeakKeyDictionary()
+
+
+def _state(pg: ProcessGroup) -> _GroupState:
+    state = _group_states.get(pg)
+    if state is None:
+        state = _group_states[pg] = _GroupState()
+    return state
+
+
 # --- rank translation ---------------------------------------------------------------------
 
 
@@ -85,7 +113,7 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     """
     if group is world.default_pg:
         return global_rank
-    converted = _check_registered(group)._group_ranks.get(global_rank)
+    converted = _check_registered(group).group_rank_of(global_rank)
     if converted is None:
         raise ValueError(f"Global rank {global_rank} is not part of group {group}")
     return converted
@@ -99,7 +127,7 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     """
     if group is world.default_pg:
         return group_rank
-    ranks = _check_registered(group)._ranks
+    ranks = _check_registered(group).ranks
     if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
         raise ValueError(f"Group rank {group_rank} is not part of group {group}")
     return ranks[group_rank]
@@ -109,15 +137,14 @@ def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
     """The world ranks of ``group``'s members, ordered by group rank (None: the world)."""
     if group is None:
         group = _default_pg_or_raise()
-    return list(_check_registered(group)._ranks)
+    return list(_check_registered(group).ranks)
 
 
 def get_pg_count() -> int:
     """The number of groups created by init_process_group and new_group (member-only groups
     and split_group's excepted, as in torch) since the default group was created; 0 when
     there is none."""
-    default_pg = world.default_pg
-    return 0 if default_pg is None else world.group_count - default_pg._group_count_at_init
+    return 0 if world.default_pg is None else world.group_count - world.group_count_at_init
 
 
 # --- creating groups ----------------------------------------------------------------------
@@ -204,7 +231,7 @@ def new_group(
     pg = None
     if is_member:
         pg = _create_group(
-            default_pg._root_store, name, ranks.index(global_rank), ranks, timeout, backend_str,
+            default_pg.root_store, name, ranks.index(global_rank), ranks, timeout, backend_str,
             "undefined" if group_desc is None else group_desc,
         )
     if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
@@ -338,14 +365,15 @@ def split_group(
             my_split = sorted(split)
     # Every member of the parent counts the split, members of a split or not, so that the
     # name of each split's group is the same on all its members.
-    parent._split_count += 1
+    state = _state(parent)
+    state.split_count += 1
     if my_split is None:
         return None
-    members = [parent._ranks[rank] for rank in my_split]
-    name = _hashed_name(members, f"split{parent._split_count}:{parent.group_name}")
+    members = [parent.ranks[rank] for rank in my_split]
+    name = _hashed_name(members, f"split{state.split_count}:{parent.group_name}")
     return _create_group(
-        default_pg._root_store, name, my_split.index(parent.rank()), members, timeout, backend_str,
-        f"{parent.group_desc}:split:{parent._split_count}" if group_desc is None else group_desc,
+        default_pg.root_store, name, my_split.index(parent.rank()), members, timeout, backend_str,
+        f"{parent.group_desc}:split:{state.split_count}" if group_desc is None else group_desc,
     )
 
 
@@ -363,7 +391,7 @@ def _split_backend(parent: ProcessGroup, backend: str) -> str:
             f"Unknown backend '{backend}'. Specify a 'device:backend' string or use one of: "
             f"{sorted(set(Backend.default_device_backend_map.values()))}"
         )
-    parent_map = parent._backend_config.device_backend_map
+    parent_map = parent.backend_config.device_backend_map
     for device, name in named.items():
         if device not in parent_map:
             raise ValueError(
@@ -443,8 +471,9 @@ def monitored_barrier(
     pg = _default_pg_or_raise() if group is None else group
     if not _registered(pg):
         raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}, which has been destroyed")
-    pg._monitored_barrier_count += 1
-    prefix = f"{_MONITORED_BARRIER_PREFIX}/{pg._monitored_barrier_count}"
+    state = _state(pg)
+    state.monitored_barrier_count += 1
+    prefix = f"{_MONITORED_BARRIER_PREFIX}/{state.monitored_barrier_count}"
     if pg.size() == 1:
         return
     if pg.rank() == 0:
@@ -488,7 +517,7 @@ def _monitored_barrier_root(pg: ProcessGroup, prefix: str, timeout: timedelta, w
     passed = verdict == _PASSED
     # The verdict, and the arrival keys of ranks not seen yet (they may still come), are
     # kept until a later barrier passes; earlier ones go now if this one passed.
-    stale = pg._monitored_barrier_stale_keys
+    stale = _state(pg).monitored_barrier_stale_keys
     if passed:
         for key in stale:
             store.delete_key(key)

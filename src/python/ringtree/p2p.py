@@ -38,6 +38,10 @@ from .process_group import ProcessGroup, _rank_not_in_group, get_rank
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
+# The common call (the default group, a peer's global rank) is served before any helper
+# is called: ``peer_rank_of`` is None for a rank that is not a peer, and the default
+# group's ranks are the global ranks.
+
 
 def _destination(pg: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
     """The group rank a blocking send goes to: ``dst`` (global) or ``group_dst``, and not
@@ -85,17 +89,17 @@ def isend(
         A distributed request object (its ``wait()`` returns once ``tensor`` may be
         reused). None, if not part of the group.
     """
-    if group is None and group_dst is None:  # the common call, as in send()
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(dst)
-        if peer is not None and peer != pg._rank:
-            work = pg._p2p.isend(tensor, peer, tag)
+    pg = world.default_pg
+    if group is None and group_dst is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(dst)
+        if peer is not None:
+            work = pg.p2p.isend(tensor, peer, tag)
             work._outputs = [tensor]
             return work
     pg = _member_group(group, "isend")
     if pg is None:
         return None
-    work = pg._p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
+    work = pg.p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
     work._outputs = [tensor]
     return work
 
@@ -124,18 +128,18 @@ def irecv(
     Returns:
         A distributed request object. None, if not part of the group.
     """
-    if group is None and group_src is None and src is not None:  # the common call, as in send()
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(src)
-        if peer is not None and peer != pg._rank:
-            work = pg._p2p.irecv(tensor, peer, tag)
+    pg = world.default_pg
+    if group is None and group_src is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(src)
+        if peer is not None:
+            work = pg.p2p.irecv(tensor, peer, tag)
             work._outputs = [tensor]
             return work
     pg = _member_group(group, "irecv")
     if pg is None:
         return None
     peer = _source(pg, src, group_src)
-    work = pg._p2p.irecv(tensor, peer, tag)
+    work = pg.p2p.irecv(tensor, peer, tag)
     work._outputs = [tensor]
     return work
 
@@ -159,17 +163,17 @@ def send(
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
     """
-    if group is None and group_dst is None:  # the common call, without the helpers' calls
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(dst)
-        if peer is not None and peer != pg._rank:
-            pg._p2p.send(tensor, peer, tag)
+    pg = world.default_pg
+    if group is None and group_dst is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(dst)
+        if peer is not None:
+            pg.p2p.send(tensor, peer, tag)
             return
     pg = _member_group(group, "send")
     if pg is None:
         return
     peer = _destination(pg, dst, group_dst)
-    pg._p2p.send(tensor, peer, tag)
+    pg.p2p.send(tensor, peer, tag)
 
 
 def recv(
@@ -195,16 +199,16 @@ def recv(
     Returns:
         The sender's global rank; -1, if not part of the group.
     """
-    if group is None and group_src is None and src is not None:  # the common call, as in send()
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(src)
-        if peer is not None and peer != pg._rank:
-            return pg._ranks[pg._p2p.recv(tensor, peer, tag)]
+    pg = world.default_pg
+    if group is None and group_src is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(src)
+        if peer is not None:
+            return pg.p2p.recv(tensor, peer, tag)
     pg = _member_group(group, "recv")
     if pg is None:
         return -1
     peer = _source(pg, src, group_src)
-    return pg._ranks[pg._p2p.recv(tensor, peer, tag)]
+    return pg.ranks[pg.p2p.recv(tensor, peer, tag)]
 
 
 class P2POp:
@@ -242,7 +246,7 @@ class P2POp:
             raise ValueError(f"P2POp: global rank {get_rank()} is not a member of the given group")
         self.group = group
         self.group_peer = _group_rank(self.group, peer, group_peer, "peer")
-        self.peer = self.group._ranks[self.group_peer]
+        self.peer = self.group.ranks[self.group_peer]
         self.tag = tag
 
     def __repr__(self) -> str:
@@ -276,7 +280,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     group = p2p_op_list[0].group
     if not all(p2p_op.group is group for p2p_op in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
-    engine = group._p2p
+    engine = group.p2p
     works = []
     for p2p_op in p2p_op_list:
         work = (engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag)

@@ -45,30 +45,34 @@ class ProcessGroup:
 
     Created by :func:`init_process_group` (the default group) and by the functions of
     ``groups.py`` (new_group, new_subgroups, split_group). ``rank()`` and ``size()`` are
-    this process's rank in the group and the group's size.
+    this process's rank in the group and the group's size. Everything a group holds is
+    set here; the properties below are read-only views for the other modules of the
+    package. The native engines are replaced (by a _NoEngine) only by this module's
+    _start_engine, _stop_engine and _abort_engine.
     """
 
     def __init__(
         self,
-        store: Store,
+        root_store: Store,
         rank: int,
-        size: int,
         timeout: timedelta,
         backend: str,
         group_name: str,
         ranks: list[int],
         group_desc: str = "undefined",
     ) -> None:
-        self._store = store
+        self._root_store = root_store
+        self._store = PrefixStore(group_name, root_store)
         self._rank = rank
-        self._size = size
+        self._ranks = tuple(ranks)
+        self._size = len(self._ranks)
         self._timeout = timeout
         self._backend_str = backend
         self._backend_config = BackendConfig(None if backend == Backend.UNDEFINED else backend)
         self._group_name = group_name
-        self._ranks = list(ranks)
-        # Global rank -> group rank.
+        # Global rank -> group rank, of every member and of the members but this rank.
         self._group_ranks = {global_rank: group_rank for group_rank, global_rank in enumerate(self._ranks)}
+        self._peer_ranks = {global_rank: peer for global_rank, peer in self._group_ranks.items() if peer != rank}
         # Objects created by plugin backends (Backend.register_backend), by device type.
         self._plugin_backends: dict[str, Any] = {}
         # The native CPU engine that runs this group's collectives (see _start_engine).
@@ -77,14 +81,9 @@ class ProcessGroup:
         )
         # The point-to-point engine (send, recv, ...), over connections of its own.
         self._p2p: PointToPoint | _NoEngine = self._engine
+        # Calls of _store_barrier on this group (numbers its store keys).
         self._barrier_count = 0
         self._group_desc = group_desc
-        # Calls of split_group on this group (names the groups it creates, see groups.py).
-        self._split_count = 0
-        # monitored_barrier state (groups.py): calls so far, and on rank 0 the store keys of
-        # earlier barriers that can only be deleted once a later one has passed.
-        self._monitored_barrier_count = 0
-        self._monitored_barrier_stale_keys: list[str] = []
 
     def rank(self) -> int:
         return self._rank
@@ -105,11 +104,50 @@ class ProcessGroup:
 
     @property
     def store(self) -> Store:
+        """The group's store: its keys, under ``<group_name>/`` in :attr:`root_store`."""
         return self._store
+
+    @property
+    def root_store(self) -> Store:
+        """The job's store, which every group's store is a prefix of (new groups are
+        created over it)."""
+        return self._root_store
 
     @property
     def timeout(self) -> timedelta:
         return self._timeout
+
+    @property
+    def backend_config(self) -> BackendConfig:
+        """Which backend serves which device type in this group."""
+        return self._backend_config
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The members' global ranks, in group rank order."""
+        return self._ranks
+
+    def group_rank_of(self, global_rank: int) -> int | None:
+        """The group rank of the member whose global rank is ``global_rank``; None for a
+        rank that is not a member."""
+        return self._group_ranks.get(global_rank)
+
+    def peer_rank_of(self, global_rank: int) -> int | None:
+        """As :meth:`group_rank_of`, but None for this rank too: the group rank of a peer
+        this rank can send to or receive from."""
+        return self._peer_ranks.get(global_rank)
+
+    @property
+    def engine(self) -> _NativeProcessGroup | _NoEngine:
+        """The native engine that runs this group's collectives (ringtree._C.ProcessGroup),
+        or a _NoEngine whose every call raises DistBackendError saying why there is none."""
+        return self._engine
+
+    @property
+    def p2p(self) -> PointToPoint | _NoEngine:
+        """The native point-to-point engine (ringtree._C.PointToPoint: send, recv, isend,
+        irecv), or a _NoEngine as for :attr:`engine`."""
+        return self._p2p
 
     def __repr__(self) -> str:
         return (
@@ -152,7 +190,7 @@ def _start_engine(pg: ProcessGroup) -> None:
     communicator = Communicator.create(PrefixStore("comm", pg.store), pg.rank(), pg.size(), pg.timeout)
     # Flight-record dumps name the rank by its global rank; the group created first (by
     # init_process_group) is the world.
-    _C._set_identity(communicator, pg.group_name, pg._ranks[pg.rank()], world.default_pg is None)
+    _C._set_identity(communicator, pg.group_name, pg.ranks[pg.rank()], world.default_pg is None)
     p2p_communicator = Communicator.create(PrefixStore("p2p", pg.store), pg.rank(), pg.size(), pg.timeout)
     pg._engine = _NativeProcessGroup(communicator)
     pg._p2p = PointToPoint(p2p_communicator)
@@ -282,7 +320,7 @@ def get_backend(group: ProcessGroup | None = None) -> str:
 def get_backend_config(group: ProcessGroup | None = None) -> str:
     """The per-device backend map of ``group`` as a string, e.g. ``'cpu:gloo,cuda:nccl'``.
     ValueError for a group this rank is not in."""
-    return repr(_joined_group(group)._backend_config)
+    return repr(_joined_group(group).backend_config)
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
@@ -372,9 +410,8 @@ def init_process_group(
 
     name = group_name or str(world.group_count)
     pg = _create_group(store, name, rank, list(range(world_size)), timeout, backend_str, "default_pg")
-    pg._root_store = store  # kept so the hosting rank can outlive the others (see _retire_store)
-    pg._group_count_at_init = world.group_count  # get_pg_count counts from here
     world.default_pg = pg
+    world.group_count_at_init = world.group_count
     world.group_count += 1
     if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
         _store_barrier(pg)
@@ -397,17 +434,17 @@ def _create_group(
     everything succeeded. ValueError when ``name`` is taken."""
     if name in world.groups:
         raise ValueError(f"The specified group name {name} has already been created, please use a different group name")
-    pg_store = PrefixStore(name, root_store)
-    pg = ProcessGroup(pg_store, group_rank, len(global_ranks), timeout, backend_str, name, global_ranks, group_desc)
-    for device, backend_name in pg._backend_config.device_backend_map.items():
+    pg = ProcessGroup(root_store, group_rank, timeout, backend_str, name, global_ranks, group_desc)
+    device_backends = pg.backend_config.device_backend_map
+    for device, backend_name in device_backends.items():
         plugin = registered_plugin(backend_name)
         if plugin is None:
             continue
-        device_store = PrefixStore(f"{device}", pg_store)
+        device_store = PrefixStore(f"{device}", pg.store)
         if plugin.extended_api:
             raise ValueError(f"backend {backend_name!r} was registered with extended_api=True, which ringtree does not support")
-        pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, len(global_ranks), timeout)
-    if pg._backend_config.device_backend_map.get("cpu") == Backend.GLOO:
+        pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, pg.size(), timeout)
+    if device_backends.get("cpu") == Backend.GLOO:
         _start_engine(pg)
     world.groups[name] = pg
     return pg
@@ -455,12 +492,14 @@ _retain_lock = threading.Lock()
 
 
 def _retire_store(pg: ProcessGroup) -> None:
-    root = getattr(pg, "_root_store", None)
+    """Tells the group's other ranks that this one is done with it; hands the job's store
+    to _retained_stores when this process hosts it and ``pg`` is the world group."""
     try:
         pg.store.add(_EXITED_KEY, 1)
     except Exception:  # noqa: BLE001 - the store may be gone already; nothing to tell then
         return
-    if isinstance(root, TCPStore) and root._num_server_clients >= 0 and pg.size() > 1:
+    root = pg.root_store
+    if pg is world.default_pg and isinstance(root, TCPStore) and root._num_server_clients >= 0 and pg.size() > 1:
         deadline = time.monotonic() + pg.timeout.total_seconds()
         with _retain_lock:
             _retained_stores.append((root, pg.store, pg.size(), deadline))
