@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class _World:
-    """Written by process_group.py (init, destroy) and groups.py (new_group); read wherever
-    a call finds its group."""
+    """Written by process_group.py (init, destroy) and groups.py (new_group); read by every
+    module that resolves a group (``_resolve.py``)."""
 
     #: The default (world) group, None before init_process_group / after destroy.
     default_pg: ProcessGroup | None = None

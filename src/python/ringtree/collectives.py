@@ -25,8 +25,9 @@ from typing import Any
 
 from ._C import Work
 from ._reduce_op import ReduceOp
+from ._resolve import default_group, member_group, resolve_rank, resolve_root
 from ._world import world
-from .process_group import ProcessGroup, _rank_not_in_group, _warn_not_in_group
+from .process_group import ProcessGroup
 
 __all__ = [
     "Work",
@@ -47,54 +48,6 @@ __all__ = [
     "reduce_scatter_tensor",
     "scatter",
 ]
-
-_NOT_INITIALIZED = "Default process group has not been initialized, please make sure to call init_process_group."
-
-
-def _default_group() -> ProcessGroup:
-    group = world.default_pg
-    if group is None:
-        raise ValueError(_NOT_INITIALIZED)
-    return group
-
-
-def _member_group(group: ProcessGroup | None, op_name: str) -> ProcessGroup | None:
-    """The group ``op_name`` runs on (the default group for None), or None after torch's
-    warning when this rank is not a member of ``group``."""
-    if group is None:
-        return _default_group()
-    if _rank_not_in_group(group):
-        _warn_not_in_group(op_name, stacklevel=4)
-        return None
-    return group
-
-
-def _group_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
-    """The group rank named by ``rank`` (global) or ``group_rank``, exactly one of them."""
-    if group_rank is not None:
-        if rank is not None:
-            raise ValueError(f"Can't specify both {name} and group_{name}")
-        if not 0 <= group_rank < group.size():
-            raise ValueError(
-                f"group_{name}={group_rank} is not a rank of group {group.group_name!r} of size {group.size()}"
-            )
-        return group_rank
-    if rank is None:
-        raise ValueError(f"Must specify {name} (a global rank) or group_{name} (a rank in the group)")
-    converted = group.group_rank_of(rank)
-    if converted is None:
-        raise ValueError(
-            f"{name}={rank} is not a rank of group {group.group_name!r} (its global ranks: {list(group.ranks)})"
-        )
-    return converted
-
-
-def _root_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
-    """The group rank of a rooted call's root, as ``_group_rank`` reads it, with torch's
-    default for gather/scatter and their object forms: global rank 0 when neither is given."""
-    if rank is None and group_rank is None:
-        rank = 0
-    return _group_rank(group, rank, group_rank, name)
 
 
 def all_reduce(
@@ -127,14 +80,11 @@ def all_reduce(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    if group is None:  # _default_group() inlined: this is the call small-message latency rides on
-        group = world.default_pg
-        if group is None:
-            raise ValueError(_NOT_INITIALIZED)
-    elif _rank_not_in_group(group):
-        _warn_not_in_group("all_reduce")
+    # The default group read inline (see _resolve.py): small-message latency rides on this call.
+    pg = (world.default_pg or default_group()) if group is None else member_group(group, "all_reduce")
+    if pg is None:
         return None
-    work = group.engine.allreduce(tensor, op, async_op, algorithm)
+    work = pg.engine.allreduce(tensor, op, async_op, algorithm)
     if work is not None:  # async: the tensors for Work.result()/get_future() (work.py)
         work._outputs = [tensor]
     return work
@@ -172,13 +122,11 @@ def broadcast(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    if group is None:
-        group = _default_group()
-    elif _rank_not_in_group(group):
-        _warn_not_in_group("broadcast")
+    pg = (world.default_pg or default_group()) if group is None else member_group(group, "broadcast")
+    if pg is None:
         return None
-    root = _group_rank(group, src, group_src, "src")
-    work = group.engine.broadcast(tensor, root, async_op, algorithm)
+    root = resolve_rank(pg, src, group_src, "src")
+    work = pg.engine.broadcast(tensor, root, async_op, algorithm)
     if work is not None:
         work._outputs = [tensor]
     return work
@@ -216,13 +164,11 @@ def reduce(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    if group is None:
-        group = _default_group()
-    elif _rank_not_in_group(group):
-        _warn_not_in_group("reduce")
+    pg = (world.default_pg or default_group()) if group is None else member_group(group, "reduce")
+    if pg is None:
         return None
-    root = _group_rank(group, dst, group_dst, "dst")
-    work = group.engine.reduce(tensor, root, op, async_op, algorithm)
+    root = resolve_rank(pg, dst, group_dst, "dst")
+    work = pg.engine.reduce(tensor, root, op, async_op, algorithm)
     if work is not None:
         work._outputs = [tensor]
     return work
@@ -250,14 +196,12 @@ def barrier(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    if group is None:
-        group = _default_group()
-    elif _rank_not_in_group(group):
-        _warn_not_in_group("barrier")
+    pg = (world.default_pg or default_group()) if group is None else member_group(group, "barrier")
+    if pg is None:
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout).__name__}")
-    work = group.engine.barrier(timeout, async_op)
+    work = pg.engine.barrier(timeout, async_op)
     if work is not None:
         work._outputs = []
     return work
@@ -313,7 +257,7 @@ def all_gather(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "all_gather")
+    pg = member_group(group, "all_gather")
     if pg is None:
         return None
     work = pg.engine.allgather(tensor_list, tensor, async_op, algorithm)
@@ -349,7 +293,7 @@ def all_gather_single(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "all_gather_single")
+    pg = member_group(group, "all_gather_single")
     if pg is None:
         return None
     work = pg.engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
@@ -410,10 +354,10 @@ def gather(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "gather")
+    pg = member_group(group, "gather")
     if pg is None:
         return None
-    root = _root_rank(pg, dst, group_dst, "dst")
+    root = resolve_root(pg, dst, group_dst, "dst")
     _check_root_list(pg.rank() == root, gather_list, "gather_list", "destination")
     work = pg.engine.gather(tensor, gather_list, root, async_op, algorithm)
     if work is not None:
@@ -451,10 +395,10 @@ def scatter(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "scatter")
+    pg = member_group(group, "scatter")
     if pg is None:
         return None
-    root = _root_rank(pg, src, group_src, "src")
+    root = resolve_root(pg, src, group_src, "src")
     _check_root_list(pg.rank() == root, scatter_list, "scatter_list", "source")
     work = pg.engine.scatter(tensor, scatter_list, root, async_op, algorithm)
     if work is not None:
@@ -491,7 +435,7 @@ def reduce_scatter(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "reduce_scatter")
+    pg = member_group(group, "reduce_scatter")
     if pg is None:
         return None
     work = pg.engine.reduce_scatter(output, input_list, op, async_op, algorithm)
@@ -528,7 +472,7 @@ def reduce_scatter_single(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "reduce_scatter_single")
+    pg = member_group(group, "reduce_scatter_single")
     if pg is None:
         return None
     work = pg.engine.reduce_scatter_single(output, input, op, async_op, algorithm)
@@ -594,7 +538,7 @@ def all_to_all(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "all_to_all")
+    pg = member_group(group, "all_to_all")
     if pg is None:
         return None
     work = pg.engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
@@ -646,7 +590,7 @@ def all_to_all_single(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = _member_group(group, "all_to_all_single")
+    pg = member_group(group, "all_to_all_single")
     if pg is None:
         return None
     work = pg.engine.alltoall_single(
@@ -694,7 +638,7 @@ def all_reduce_coalesced(
         FutureWarning,
         stacklevel=2,
     )
-    pg = _member_group(group, "all_reduce_coalesced")
+    pg = member_group(group, "all_reduce_coalesced")
     if pg is None:
         return None
     if not isinstance(tensors, (list, tuple)):
@@ -736,7 +680,7 @@ def all_gather_coalesced(
         FutureWarning,
         stacklevel=2,
     )
-    pg = _member_group(group, "all_gather_coalesced")
+    pg = member_group(group, "all_gather_coalesced")
     if pg is None:
         return None
     work = pg.engine.allgather_coalesced(output_tensor_lists, input_tensor_list, async_op)

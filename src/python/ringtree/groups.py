@@ -32,21 +32,11 @@ from datetime import timedelta
 from typing import Any
 
 from . import constants
+from ._resolve import check_registered, default_group, member_group, registered, resolve
 from ._world import world
 from .backend import Backend, BackendConfig, parse_backend
 from .errors import DistBackendError, DistStoreError, DistTimeoutError
-from .process_group import (
-    GroupMember,
-    ProcessGroup,
-    _check_device_id,
-    _check_timeout,
-    _create_group,
-    _default_pg_or_raise,
-    _rank_not_in_group,
-    _store_barrier,
-    _warn_not_in_group,
-    get_backend,
-)
+from .process_group import GroupMember, ProcessGroup, _check_device_id, _check_timeout, _create_group, _store_barrier
 
 __all__ = [
     "get_global_rank",
@@ -95,16 +85,6 @@ def _state(pg: ProcessGroup) -> _GroupState:
 # --- rank translation ---------------------------------------------------------------------
 
 
-def _registered(group: Any) -> bool:
-    return isinstance(group, ProcessGroup) and world.groups.get(group.group_name) is group
-
-
-def _check_registered(group: Any) -> ProcessGroup:
-    if not _registered(group):
-        raise ValueError(f"Group {group} is not registered, please create group with ringtree.new_group API")
-    return group
-
-
 def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     """The rank in ``group`` of the process whose world rank is ``global_rank``.
 
@@ -113,7 +93,7 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     """
     if group is world.default_pg:
         return global_rank
-    converted = _check_registered(group).group_rank_of(global_rank)
+    converted = check_registered(group).group_rank_of(global_rank)
     if converted is None:
         raise ValueError(f"Global rank {global_rank} is not part of group {group}")
     return converted
@@ -127,7 +107,7 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     """
     if group is world.default_pg:
         return group_rank
-    ranks = _check_registered(group).ranks
+    ranks = check_registered(group).ranks
     if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
         raise ValueError(f"Group rank {group_rank} is not part of group {group}")
     return ranks[group_rank]
@@ -135,9 +115,7 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
 
 def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
     """The world ranks of ``group``'s members, ordered by group rank (None: the world)."""
-    if group is None:
-        group = _default_pg_or_raise()
-    return list(_check_registered(group).ranks)
+    return list(check_registered(resolve(group)).ranks)
 
 
 def get_pg_count() -> int:
@@ -198,7 +176,7 @@ def new_group(
     (world_size=4)"), more ranks than the world has, a bad backend or device_id;
     DistStoreError/DistNetworkError/DistTimeoutError when a member does not join in time.
     """
-    default_pg = _default_pg_or_raise()
+    default_pg = default_group()
     _check_device_id(device_id)
     backend_str = _group_backend(backend, default_pg)
     timeout = _check_timeout(timeout)
@@ -262,7 +240,7 @@ def new_subgroups_by_enumeration(
             if rank in owner:
                 raise ValueError(f"Rank {rank} has appeared in both subgroup {owner[rank]} and {ranks}")
             owner[rank] = ranks
-    my_rank = _default_pg_or_raise().rank()
+    my_rank = default_group().rank()
     subgroups: list[ProcessGroup | int] = []
     cur_subgroup = None
     for ranks in ranks_per_subgroup_list:
@@ -339,9 +317,9 @@ def split_group(
     """
     if split_ranks is None or len(split_ranks) == 0:
         raise ValueError("split_ranks cannot be None or empty")
-    default_pg = _default_pg_or_raise()
+    default_pg = default_group()
     parent = default_pg if parent_pg is None else parent_pg
-    if not _registered(parent):
+    if not registered(parent):
         raise ValueError(f"Group {parent} is not registered")
     backend_str = parent.name() if backend is None else _split_backend(parent, backend)
     timeout = _check_timeout(timeout)
@@ -453,10 +431,10 @@ def monitored_barrier(
         ValueError: the group's backend is not "gloo" (as torch); TypeError for a timeout
             that is not a timedelta; DistBackendError for a destroyed group.
     """
-    if _rank_not_in_group(group):
-        _warn_not_in_group("monitored_barrier")
+    pg = member_group(group, "monitored_barrier")
+    if pg is None:
         return
-    if get_backend(group) != Backend.GLOO:
+    if pg.name() != Backend.GLOO:
         raise ValueError("monitored_barrier is only implemented for GLOO backend.")
     if timeout is None:
         timeout = constants.default_pg_timeout
@@ -468,8 +446,7 @@ def monitored_barrier(
         )
         timeout = timedelta(seconds=timeout)
     timeout = _check_timeout(timeout)
-    pg = _default_pg_or_raise() if group is None else group
-    if not _registered(pg):
+    if not registered(pg):
         raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}, which has been destroyed")
     state = _state(pg)
     state.monitored_barrier_count += 1

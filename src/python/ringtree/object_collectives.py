@@ -20,8 +20,8 @@ from array import array
 from itertools import accumulate
 from typing import Any
 
-from .collectives import _check_root_list, _member_group, _root_rank
-from .p2p import _destination, _source
+from ._resolve import destination, member_group, resolve_root, source
+from .collectives import _check_root_list
 from .process_group import ProcessGroup
 
 __all__ = [
@@ -72,7 +72,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | No
         None. If the calling rank is not part of the group, ``object_list`` is left
         unmodified.
     """
-    pg = _member_group(group, "all_gather_object")
+    pg = member_group(group, "all_gather_object")
     if pg is None:
         return
     payload = pickle.dumps(obj)
@@ -112,10 +112,10 @@ def gather_object(
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
     """
-    pg = _member_group(group, "gather_object")
+    pg = member_group(group, "gather_object")
     if pg is None:
         return
-    root = _root_rank(pg, dst, group_dst, "dst")
+    root = resolve_root(pg, dst, group_dst, "dst")
     is_root = pg.rank() == root
     _check_root_list(is_root, object_gather_list, "gather_list", "destination")
     payload = pickle.dumps(obj)
@@ -159,10 +159,10 @@ def broadcast_object_list(
         group_src (int, optional): Source rank on ``group``. Invalid to specify both
             ``src`` and ``group_src``.
     """
-    pg = _member_group(group, "broadcast_object_list")
+    pg = member_group(group, "broadcast_object_list")
     if pg is None:
         return
-    root = _root_rank(pg, src, group_src, "src")
+    root = resolve_root(pg, src, group_src, "src")
     if pg.rank() == root:
         payloads = [pickle.dumps(obj) for obj in object_list]
         pg.engine.broadcast(array("q", map(len, payloads)), root, False)
@@ -202,10 +202,10 @@ def scatter_object_list(
         group_src (int, optional): Source rank on ``group``. Invalid to specify both
             ``src`` and ``group_src``.
     """
-    pg = _member_group(group, "scatter_object_list")
+    pg = member_group(group, "scatter_object_list")
     if pg is None:
         return
-    root = _root_rank(pg, src, group_src, "src")
+    root = resolve_root(pg, src, group_src, "src")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
     if pg.rank() == root:
@@ -257,10 +257,10 @@ def send_object_list(
         use_batch (bool, optional): Accepted for compatibility; every send goes through
             the group's point-to-point engine either way.
     """
-    pg = _member_group(group, "send_object_list")
+    pg = member_group(group, "send_object_list")
     if pg is None:
         return
-    peer = _destination(pg, dst, group_dst)
+    peer = destination(pg, dst, group_dst)
     payloads = [pickle.dumps(obj) for obj in object_list]
     works = [
         pg.p2p.isend(array("q", map(len, payloads)), peer, 0),
@@ -299,10 +299,10 @@ def recv_object_list(
     Returns:
         The sender's global rank; -1 if this rank is not part of the group.
     """
-    pg = _member_group(group, "recv_object_list")
+    pg = member_group(group, "recv_object_list")
     if pg is None:
         return -1
-    peer = _source(pg, src, group_src)
+    peer = source(pg, src, group_src)
     sizes = _sizes(len(object_list))
     work = pg.p2p.irecv(sizes, peer, 0)
     work.wait()

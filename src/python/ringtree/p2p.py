@@ -31,38 +31,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._C import ANY_SOURCE, Work
+from ._C import Work
+from ._resolve import destination, member_group, p2p_op_group, resolve_rank, source
 from ._world import world
-from .collectives import _default_group, _group_rank, _member_group
-from .process_group import ProcessGroup, _rank_not_in_group, get_rank
+from .process_group import ProcessGroup
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
 # The common call (the default group, a peer's global rank) is served before any helper
-# is called: ``peer_rank_of`` is None for a rank that is not a peer, and the default
-# group's ranks are the global ranks.
-
-
-def _destination(pg: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
-    """The group rank a blocking send goes to: ``dst`` (global) or ``group_dst``, and not
-    this rank (torch's check and text)."""
-    peer = _group_rank(pg, dst, group_dst, "dst")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank of the current process."
-        )
-    return peer
-
-
-def _source(pg: ProcessGroup, src: int | None, group_src: int | None) -> int:
-    """The group rank a receive takes from: ``src`` (global) or ``group_src``, not this
-    rank (torch's check and text), or ANY_SOURCE when neither is given."""
-    if src is None and group_src is None:
-        return ANY_SOURCE
-    peer = _group_rank(pg, src, group_src, "src")
-    if peer == pg.rank():
-        raise ValueError("Invalid source rank: source rank should not be the same as the rank of the current process.")
-    return peer
+# is called (see _resolve.py): ``peer_rank_of`` is None for a rank that is not a peer,
+# and the default group's ranks are the global ranks.
 
 
 def isend(
@@ -96,10 +74,10 @@ def isend(
             work = pg.p2p.isend(tensor, peer, tag)
             work._outputs = [tensor]
             return work
-    pg = _member_group(group, "isend")
+    pg = member_group(group, "isend")
     if pg is None:
         return None
-    work = pg.p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
+    work = pg.p2p.isend(tensor, resolve_rank(pg, dst, group_dst, "dst"), tag)
     work._outputs = [tensor]
     return work
 
@@ -135,11 +113,10 @@ def irecv(
             work = pg.p2p.irecv(tensor, peer, tag)
             work._outputs = [tensor]
             return work
-    pg = _member_group(group, "irecv")
+    pg = member_group(group, "irecv")
     if pg is None:
         return None
-    peer = _source(pg, src, group_src)
-    work = pg.p2p.irecv(tensor, peer, tag)
+    work = pg.p2p.irecv(tensor, source(pg, src, group_src), tag)
     work._outputs = [tensor]
     return work
 
@@ -169,11 +146,10 @@ def send(
         if peer is not None:
             pg.p2p.send(tensor, peer, tag)
             return
-    pg = _member_group(group, "send")
+    pg = member_group(group, "send")
     if pg is None:
         return
-    peer = _destination(pg, dst, group_dst)
-    pg.p2p.send(tensor, peer, tag)
+    pg.p2p.send(tensor, destination(pg, dst, group_dst), tag)
 
 
 def recv(
@@ -204,11 +180,10 @@ def recv(
         peer = pg.peer_rank_of(src)
         if peer is not None:
             return pg.p2p.recv(tensor, peer, tag)
-    pg = _member_group(group, "recv")
+    pg = member_group(group, "recv")
     if pg is None:
         return -1
-    peer = _source(pg, src, group_src)
-    return pg.ranks[pg.p2p.recv(tensor, peer, tag)]
+    return pg.ranks[pg.p2p.recv(tensor, source(pg, src, group_src), tag)]
 
 
 class P2POp:
@@ -240,12 +215,8 @@ class P2POp:
             raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``ringtree.isend`` or ``ringtree.irecv``.")
         self.op = op
         self.tensor = tensor
-        if group is None:
-            group = _default_group()
-        elif _rank_not_in_group(group):
-            raise ValueError(f"P2POp: global rank {get_rank()} is not a member of the given group")
-        self.group = group
-        self.group_peer = _group_rank(self.group, peer, group_peer, "peer")
+        self.group = p2p_op_group(group)
+        self.group_peer = resolve_rank(self.group, peer, group_peer, "peer")
         self.peer = self.group.ranks[self.group_peer]
         self.tag = tag
 

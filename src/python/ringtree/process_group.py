@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 from . import _C, constants
 from ._C import Communicator, PointToPoint, PrefixStore, Store, TCPStore
 from ._C import ProcessGroup as _NativeProcessGroup
+from ._resolve import NON_GROUP_MEMBER, default_group, joined_group, rank_not_in_group, registered, resolve
 from ._world import world
 from .backend import Backend, BackendConfig, parse_backend, registered_plugin, unavailable_reason
 from .errors import DistBackendError, DistStoreError
@@ -238,30 +239,11 @@ class GroupMember(metaclass=_WorldAccessor):
     """``GroupMember.WORLD`` is the default group (None before init);
     ``GroupMember.NON_GROUP_MEMBER`` is what non-members get from new_group."""
 
-    NON_GROUP_MEMBER = -100
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
 
 
 class group(metaclass=_WorldAccessor):  # noqa: N801 (torch's name)
     """``group.WORLD`` is the default group (None before init)."""
-
-
-def _rank_not_in_group(group: ProcessGroup | int | None) -> bool:
-    """True when ``group`` is what new_group gave a rank that is not a member
-    (``GroupMember.NON_GROUP_MEMBER``); None (the world) and ProcessGroup objects are
-    groups this rank belongs to. Cheap: the collectives call it on every call."""
-    return group is not None and group == GroupMember.NON_GROUP_MEMBER
-
-
-def _warn_not_in_group(op_name: str, stacklevel: int = 3) -> None:
-    """Warns, as torch does, that ``op_name`` was called with a group this rank is not in
-    (the collective then returns None without doing anything). ``stacklevel`` as for
-    warnings.warn, counted from here: the default 3 names the caller of a public function
-    that calls this directly."""
-    global_rank = -1 if world.default_pg is None else world.default_pg.rank()
-    warnings.warn(
-        f"Running {op_name} on global rank {global_rank} which does not belong to the given group.",
-        stacklevel=stacklevel,
-    )
 
 
 def is_available() -> bool:
@@ -280,47 +262,30 @@ def is_initialized() -> bool:
     return world.default_pg is not None
 
 
-def _default_pg_or_raise() -> ProcessGroup:
-    if world.default_pg is None:
-        raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
-    return world.default_pg
-
-
-def _resolve(group: ProcessGroup | None) -> ProcessGroup:
-    return _default_pg_or_raise() if group is None else group
-
-
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (default: the world); -1 if not a member."""
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return -1
-    return _resolve(group).rank()
+    return resolve(group).rank()
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 if not a member."""
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return -1
-    return _resolve(group).size()
-
-
-def _joined_group(group: ProcessGroup | None) -> ProcessGroup:
-    """``group`` (the default group for None); ValueError when this rank is not in it."""
-    if _rank_not_in_group(group):
-        raise ValueError("Invalid process group specified")
-    return _resolve(group)
+    return resolve(group).size()
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
     """The backend string ``group`` was created with (e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``).
     ValueError for a group this rank is not in."""
-    return _joined_group(group).name()
+    return joined_group(group).name()
 
 
 def get_backend_config(group: ProcessGroup | None = None) -> str:
     """The per-device backend map of ``group`` as a string, e.g. ``'cpu:gloo,cuda:nccl'``.
     ValueError for a group this rank is not in."""
-    return repr(_joined_group(group).backend_config)
+    return repr(joined_group(group).backend_config)
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
@@ -456,7 +421,7 @@ def _store_barrier(group: ProcessGroup | None = None, timeout: timedelta | None 
     Store-based: two store round trips per rank. Raises DistStoreError naming the group
     and how many ranks arrived when the timeout (default: the group's) passes.
     """
-    pg = _resolve(group)
+    pg = resolve(group)
     timeout = pg.timeout if timeout is None else _check_timeout(timeout)
     pg._barrier_count += 1
     key = f"ringtree/barrier/{pg._barrier_count}"
@@ -535,18 +500,17 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     the group timeout), and the process waits for that only at interpreter exit.
     Raises ValueError for a group that is not (or no longer) registered.
     """
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return
     if group is None or group is world.default_pg:
-        if world.default_pg is None:
-            raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+        default_group()  # ValueError before init
         for pg in list(world.groups.values()):
             _stop_engine(pg)
             _retire_store(pg)
         world.groups.clear()
         world.default_pg = None
         return
-    if world.groups.get(getattr(group, "group_name", None)) is not group:
+    if not registered(group):
         raise ValueError(f"Invalid process group specified: {group!r}")
     _stop_engine(group)
     _retire_store(group)
@@ -561,13 +525,12 @@ def abort_process_group(group: ProcessGroup | None = None) -> None:
     ProcessGroup.abort). Does nothing for ``GroupMember.NON_GROUP_MEMBER``; ValueError for
     a group that is not (or no longer) registered.
     """
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return
     if group is None or group is world.default_pg:
-        if world.default_pg is None:
-            raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+        default_group()  # ValueError before init
         aborted = list(world.groups.values())
-    elif world.groups.get(getattr(group, "group_name", None)) is not group:
+    elif not registered(group):
         raise ValueError(f"Invalid process group specified: {group!r}")
     else:
         aborted = [group]
