@@ -9,7 +9,7 @@ import threading
 import time
 import warnings
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from . import _C, constants
 from ._C import Communicator, PointToPoint, PrefixStore, Store, TCPStore
@@ -46,11 +46,34 @@ class ProcessGroup:
 
     Created by :func:`init_process_group` (the default group) and by the functions of
     ``groups.py`` (new_group, new_subgroups, split_group). ``rank()`` and ``size()`` are
-    this process's rank in the group and the group's size. Everything a group holds is
-    set here; the properties below are read-only views for the other modules of the
-    package. The native engines are replaced (by a _NoEngine) only by this module's
-    _start_engine, _stop_engine and _abort_engine.
+    this process's rank in the group and the group's size.
+
+    Every field is declared in ``__slots__`` and set here; the other modules of the
+    package read a group through the read-only accessors below. Those the hot calls use
+    on every call cost no more than an attribute: ``engine`` and ``p2p`` (the native
+    engines; only _start_engine, _stop_engine and _abort_engine replace them) and the
+    rank lookups ``group_rank_of`` and ``peer_rank_of``.
     """
+
+    __slots__ = (
+        "__weakref__",
+        "_backend_config",
+        "_backend_str",
+        "_barrier_count",
+        "_engine",
+        "_group_desc",
+        "_group_name",
+        "_p2p",
+        "_plugin_backends",
+        "_rank",
+        "_ranks",
+        "_root_store",
+        "_size",
+        "_store",
+        "_timeout",
+        "group_rank_of",
+        "peer_rank_of",
+    )
 
     def __init__(
         self,
@@ -71,9 +94,15 @@ class ProcessGroup:
         self._backend_str = backend
         self._backend_config = BackendConfig(None if backend == Backend.UNDEFINED else backend)
         self._group_name = group_name
-        # Global rank -> group rank, of every member and of the members but this rank.
-        self._group_ranks = {global_rank: group_rank for group_rank, global_rank in enumerate(self._ranks)}
-        self._peer_ranks = {global_rank: peer for global_rank, peer in self._group_ranks.items() if peer != rank}
+        self._group_desc = group_desc
+        group_ranks = {global_rank: group_rank for group_rank, global_rank in enumerate(self._ranks)}
+        peer_ranks = {global_rank: peer for global_rank, peer in group_ranks.items() if peer != rank}
+        #: group_rank_of(global_rank): the group rank of the member whose global rank is
+        #: ``global_rank``; None for a rank that is not a member.
+        self.group_rank_of: Callable[[int], int | None] = group_ranks.get
+        #: peer_rank_of(global_rank): as group_rank_of, but None for this rank too (the
+        #: group rank of a peer this rank can send to or receive from).
+        self.peer_rank_of: Callable[[int], int | None] = peer_ranks.get
         # Objects created by plugin backends (Backend.register_backend), by device type.
         self._plugin_backends: dict[str, Any] = {}
         # The native CPU engine that runs this group's collectives (see _start_engine).
@@ -84,7 +113,6 @@ class ProcessGroup:
         self._p2p: PointToPoint | _NoEngine = self._engine
         # Calls of _store_barrier on this group (numbers its store keys).
         self._barrier_count = 0
-        self._group_desc = group_desc
 
     def rank(self) -> int:
         return self._rank
@@ -128,27 +156,13 @@ class ProcessGroup:
         """The members' global ranks, in group rank order."""
         return self._ranks
 
-    def group_rank_of(self, global_rank: int) -> int | None:
-        """The group rank of the member whose global rank is ``global_rank``; None for a
-        rank that is not a member."""
-        return self._group_ranks.get(global_rank)
+    #: The native engine that runs this group's collectives (ringtree._C.ProcessGroup), or
+    #: a _NoEngine whose every call raises DistBackendError saying why there is none.
+    engine: _NativeProcessGroup | _NoEngine
 
-    def peer_rank_of(self, global_rank: int) -> int | None:
-        """As :meth:`group_rank_of`, but None for this rank too: the group rank of a peer
-        this rank can send to or receive from."""
-        return self._peer_ranks.get(global_rank)
-
-    @property
-    def engine(self) -> _NativeProcessGroup | _NoEngine:
-        """The native engine that runs this group's collectives (ringtree._C.ProcessGroup),
-        or a _NoEngine whose every call raises DistBackendError saying why there is none."""
-        return self._engine
-
-    @property
-    def p2p(self) -> PointToPoint | _NoEngine:
-        """The native point-to-point engine (ringtree._C.PointToPoint: send, recv, isend,
-        irecv), or a _NoEngine as for :attr:`engine`."""
-        return self._p2p
+    #: The native point-to-point engine (ringtree._C.PointToPoint: send, recv, isend,
+    #: irecv), or a _NoEngine as for ``engine``.
+    p2p: PointToPoint | _NoEngine
 
     def __repr__(self) -> str:
         return (
@@ -164,6 +178,13 @@ class ProcessGroup:
         destroy_process_group still removes it, dump_flight_recorder still reads it.
         Returns once nothing runs any more. Idempotent."""
         _abort_engine(self)
+
+
+# ``engine`` and ``p2p`` read the slots _engine and _p2p: the descriptors of those slots
+# under a second name, as fast as an attribute (a property would cost a few percent of a
+# small all_reduce). Read-only by contract: only this module assigns _engine and _p2p.
+ProcessGroup.engine = ProcessGroup._engine  # type: ignore[misc]
+ProcessGroup.p2p = ProcessGroup._p2p  # type: ignore[misc]
 
 
 class _NoEngine:
