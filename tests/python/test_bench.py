@@ -348,18 +348,6 @@ def test_plot(tmp_path, monkeypatch):
 
 # --- verifiable data ----------------------------------------------------------------------
 
-_NUMPY_REDUCE = {
-    "sum": np.add,
-    "avg": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
-
-
 def _simulate(collective_name: str, dtype_name: str, op: str, world_size: int, count: int, root: int = 0):
     """Plans of every rank, and each rank's buffer after a correct collective computed in
     the element type in a scrambled rank order."""
@@ -376,7 +364,7 @@ def _simulate(collective_name: str, dtype_name: str, op: str, world_size: int, c
         for r in order:
             values = buffers[r].array
             result = (
-                values.copy() if result is None else _NUMPY_REDUCE[op](result, values).astype(values.dtype)
+                values.copy() if result is None else data.FOLDS[op](result, values).astype(values.dtype)
             )
         if op == "avg":
             result = (result / world_size).astype(result.dtype)
@@ -469,7 +457,7 @@ def _simulate_out_of_place(
             result = ins[order[0]][r].copy()
             for s in order[1:]:
                 block = ins[s][(r + 1) % n if misroute else r]
-                result = _NUMPY_REDUCE[op](result, block).astype(result.dtype)
+                result = data.FOLDS[op](result, block).astype(result.dtype)
             if op == "avg":
                 result = (result / n).astype(result.dtype)
             outs[r][0] = result
