@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -532,6 +533,21 @@ def test_imports_stay_light():
         "heavy = {'torch', 'numpy', 'mpi4py'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+# --- the other measurements -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", sorted(options.TOOLS))
+def test_tools_are_subcommands_and_scripts(tool):
+    proc = _bench(tool, "--help", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert f"usage: ringtree-bench {tool}" in proc.stdout
+    # benchmarks/<module>.py, named by older notes, runs the same subcommand.
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / f"{options.TOOLS[tool]}.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert f"usage: ringtree-bench {tool}" in proc.stdout
 
 
 # --- end to end ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ __all__ = [
     "DTYPES",
     "REDOPS",
     "SYSTEMS",
+    "TOOLS",
     "Collective",
     "DType",
     "build_parser",
@@ -28,6 +29,14 @@ __all__ = [
 ]
 
 PROG = "ringtree-bench"
+#: The measurements other than the collective sweep: ``ringtree-bench NAME ...`` runs the
+#: ``main`` of the module of this package named here (see cli.main).
+TOOLS = {
+    "call-overhead": "call_overhead",
+    "failure-table": "failure_table",
+    "p2p-pingpong": "p2p_pingpong",
+    "startup": "startup",
+}
 SYSTEMS = ("ringtree", "gloo", "mpi")
 REDOPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
 _REDOP_ALIASES = {"product": "prod", "mean": "avg"}
@@ -275,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         "system itself; without it, it is one rank of a job started by ringtree-run, torchrun "
         "or mpirun.",
         epilog="example: ringtree-bench allreduce allgather reduce_scatter alltoall sendrecv --nproc 4 "
-        "-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3",
+        f"-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3. Other measurements: {PROG} "
+        f"{{{','.join(TOOLS)}}} ... (each with its own --help).",
     )
     parser.add_argument(
         "collectives",
