@@ -13,16 +13,18 @@ from ._C import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._C import __version__ as __version__
 from . import work as _work  # noqa: F401 - adds result()/get_future() to Work
 from . import _reduce_op, backend as _backend, collectives as _collectives, diagnostics as _diagnostics
-from . import errors as _errors, groups as _groups, object_collectives as _object_collectives, p2p as _p2p
-from . import process_group as _process_group, rendezvous as _rendezvous
+from . import errors as _errors, gather_scatter as _gather_scatter, groups as _groups
+from . import object_collectives as _object_collectives, p2p as _p2p, process_group as _process_group
+from . import rendezvous as _rendezvous
 from ._reduce_op import *  # noqa: F403 - each module's __all__ is the package's API
 from .backend import *  # noqa: F403
 from .collectives import *  # noqa: F403
-from .collectives import _all_gather_base as _all_gather_base
-from .collectives import _reduce_scatter_base as _reduce_scatter_base
 from .constants import default_pg_timeout
 from .diagnostics import *  # noqa: F403
 from .errors import *  # noqa: F403
+from .gather_scatter import *  # noqa: F403
+from .gather_scatter import _all_gather_base as _all_gather_base
+from .gather_scatter import _reduce_scatter_base as _reduce_scatter_base
 from .groups import *  # noqa: F403
 from .object_collectives import *  # noqa: F403
 from .p2p import *  # noqa: F403
@@ -36,6 +38,7 @@ __all__ += _backend.__all__
 __all__ += _collectives.__all__
 __all__ += _diagnostics.__all__
 __all__ += _errors.__all__
+__all__ += _gather_scatter.__all__
 __all__ += _groups.__all__
 __all__ += _object_collectives.__all__
 __all__ += _p2p.__all__

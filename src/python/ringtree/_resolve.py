@@ -3,7 +3,9 @@ call runs on, whether this rank is a member of it, and which group rank a rank a
 names: ``src``/``dst``/``peer`` (global ranks) or ``group_src``/``group_dst``/
 ``group_peer`` (ranks in the group), with torch 2.13's errors and warnings. Everything
 else about a call's arguments (buffers, dtypes, sizes, ops, tags) is the native layer's
-to check.
+to check, but for the few checks torch itself makes in Python, which the callers keep
+with torch's texts (gather_list/scatter_list given on the root only, split sizes, the
+object collectives' lists).
 
 A rank that is not a member of a group holds ``NON_GROUP_MEMBER`` where members hold the
 group (new_group's return value); collectives given it warn and do nothing.

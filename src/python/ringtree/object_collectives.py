@@ -21,7 +21,7 @@ from itertools import accumulate
 from typing import Any
 
 from ._resolve import destination, member_group, resolve_root, source
-from .collectives import _check_root_list
+from .gather_scatter import _check_root_list
 from .process_group import ProcessGroup
 
 __all__ = [
