@@ -1,4 +1,5 @@
-"""Tests of the benchmark CLI ``ringtree-bench`` (``python -m ringtree.bench``).
+"""Tests of the benchmark CLI ``ringtree-bench`` (``python -m ringtree.bench``) and of how its
+other measurements are reached (subcommands, and the scripts of benchmarks/).
 
 Unit tests cover the command line (size suffixes, sweeps, busbw factors), the tables
 (nccl-tests' format), medians and comparisons, and the verifiable data of every
