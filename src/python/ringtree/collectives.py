@@ -68,9 +68,13 @@ def all_reduce(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    # The default group read inline (see _resolve.py): small-message latency rides on this call.
-    pg = (world.default_pg or default_group()) if group is None else member_group(group, "all_reduce")
+    # The default group is read inline (see _resolve.py) and tested with "is None" rather
+    # than for truth, here and in broadcast, reduce and barrier: small-message latency
+    # rides on these calls.
+    pg = world.default_pg if group is None else member_group(group, "all_reduce")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     work = pg.engine.allreduce(tensor, op, async_op, algorithm)
     if work is not None:  # async: the tensors for Work.result()/get_future() (work.py)
@@ -110,8 +114,10 @@ def broadcast(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    pg = (world.default_pg or default_group()) if group is None else member_group(group, "broadcast")
+    pg = world.default_pg if group is None else member_group(group, "broadcast")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     root = resolve_rank(pg, src, group_src, "src")
     work = pg.engine.broadcast(tensor, root, async_op, algorithm)
@@ -152,8 +158,10 @@ def reduce(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    pg = (world.default_pg or default_group()) if group is None else member_group(group, "reduce")
+    pg = world.default_pg if group is None else member_group(group, "reduce")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     root = resolve_rank(pg, dst, group_dst, "dst")
     work = pg.engine.reduce(tensor, root, op, async_op, algorithm)
@@ -184,8 +192,10 @@ def barrier(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    pg = (world.default_pg or default_group()) if group is None else member_group(group, "barrier")
+    pg = world.default_pg if group is None else member_group(group, "barrier")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout).__name__}")
