@@ -1,4 +1,5 @@
-"""Tests of the benchmark CLI ``ringtree-bench`` (``python -m ringtree.bench``).
+"""Tests of the benchmark CLI ``ringtree-bench`` (``python -m ringtree.bench``) and of how its
+other measurements are reached (subcommands, and the scripts of benchmarks/).
 
 Unit tests cover the command line (size suffixes, sweeps, busbw factors), the tables
 (nccl-tests' format), medians and comparisons, and the verifiable data of every
@@ -15,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -348,18 +350,6 @@ def test_plot(tmp_path, monkeypatch):
 
 # --- verifiable data ----------------------------------------------------------------------
 
-_NUMPY_REDUCE = {
-    "sum": np.add,
-    "avg": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
-
-
 def _simulate(collective_name: str, dtype_name: str, op: str, world_size: int, count: int, root: int = 0):
     """Plans of every rank, and each rank's buffer after a correct collective computed in
     the element type in a scrambled rank order."""
@@ -376,7 +366,7 @@ def _simulate(collective_name: str, dtype_name: str, op: str, world_size: int, c
         for r in order:
             values = buffers[r].array
             result = (
-                values.copy() if result is None else _NUMPY_REDUCE[op](result, values).astype(values.dtype)
+                values.copy() if result is None else data.FOLDS[op](result, values).astype(values.dtype)
             )
         if op == "avg":
             result = (result / world_size).astype(result.dtype)
@@ -469,7 +459,7 @@ def _simulate_out_of_place(
             result = ins[order[0]][r].copy()
             for s in order[1:]:
                 block = ins[s][(r + 1) % n if misroute else r]
-                result = _NUMPY_REDUCE[op](result, block).astype(result.dtype)
+                result = data.FOLDS[op](result, block).astype(result.dtype)
             if op == "avg":
                 result = (result / n).astype(result.dtype)
             outs[r][0] = result
@@ -544,6 +534,21 @@ def test_imports_stay_light():
         "heavy = {'torch', 'numpy', 'mpi4py'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+# --- the other measurements -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", sorted(options.TOOLS))
+def test_tools_are_subcommands_and_scripts(tool):
+    proc = _bench(tool, "--help", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert f"usage: ringtree-bench {tool}" in proc.stdout
+    # benchmarks/<module>.py, named by older notes, runs the same subcommand.
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / f"{options.TOOLS[tool]}.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert f"usage: ringtree-bench {tool}" in proc.stdout
 
 
 # --- end to end ---------------------------------------------------------------------------

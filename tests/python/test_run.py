@@ -372,7 +372,7 @@ def test_failing_rank_stops_the_others_and_is_reported(job):
     assert "noise line 49" in report and "noise line 11\n" in report
     assert "noise line 10\n" not in report
     # The other ranks were sleeping and died of SIGTERM at once (no grace period spent).
-    assert stopped_after < ringtree_run._GRACE_PERIOD_S - 1, stopped_after
+    assert stopped_after < ringtree_run.GRACE_PERIOD_S - 1, stopped_after
 
 
 def test_rank_killed_by_sigkill_is_reported_by_signal_name(job):
@@ -393,7 +393,7 @@ def test_worker_ignoring_sigterm_is_killed_after_the_grace_period(job):
     assert result.returncode == 3, result.stderr
     assert _read_reports(job.out, "ignoring") == {0: True}
     assert not any(_alive(pid) for pid in job.pids().values())
-    grace = ringtree_run._GRACE_PERIOD_S
+    grace = ringtree_run.GRACE_PERIOD_S
     assert grace - 0.1 <= stopped_after < grace + 5, stopped_after
 
 

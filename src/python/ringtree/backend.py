@@ -1,11 +1,24 @@
-"""Backend names (a ``str`` subclass, as torch.distributed's) and per-device backend configs."""
+"""Backend names (a ``str`` subclass, as torch.distributed's), per-device backend configs, and
+which backends this build provides (built in, or registered as plugins)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Backend", "BackendConfig"]
+from .errors import DistBackendError
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "get_default_backend_for_device",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_ucc_available",
+    "is_xccl_available",
+]
 
 
 @dataclass(frozen=True)
@@ -123,3 +136,88 @@ class BackendConfig:
 
     def __repr__(self) -> str:
         return ",".join(f"{device}:{name}" for device, name in self.device_backend_map.items())
+
+
+# Backends this build provides. "gloo" is ringtree's own CPU engine.
+_BUILTIN_BACKENDS = {Backend.GLOO}
+# Why each known backend this build lacks is not available.
+_UNAVAILABLE_BACKENDS = {
+    Backend.NCCL: "ringtree was built without NCCL support (no CUDA path in this build)",
+    Backend.MPI: "ringtree does not provide an MPI backend; use 'gloo' (ringtree's CPU engine)",
+    Backend.UCC: "ringtree does not provide a UCC backend",
+    Backend.XCCL: "ringtree does not provide an XCCL backend",
+    Backend.FAKE: "ringtree does not provide the 'fake' backend",
+}
+
+
+def registered_plugin(name: str) -> _BackendPlugin | None:
+    """The plugin registered under ``name`` with Backend.register_backend, else None."""
+    return Backend._plugins.get(name.upper())
+
+
+def unavailable_reason(name: str) -> str:
+    """Why the known backend ``name`` is not in this build (a key of _UNAVAILABLE_BACKENDS)."""
+    return _UNAVAILABLE_BACKENDS[name]
+
+
+def is_gloo_available() -> bool:
+    """True: ``gloo`` is ringtree's own CPU engine, always built."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    """False in this build: it has no CUDA/NCCL path."""
+    return False
+
+
+def is_mpi_available() -> bool:
+    """False: ringtree does not wrap MPI."""
+    return False
+
+
+def is_ucc_available() -> bool:
+    """False: ringtree does not provide a UCC backend."""
+    return False
+
+
+def is_xccl_available() -> bool:
+    """False: ringtree does not provide an XCCL backend."""
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    """True for built-in backends this build provides and for registered plugins."""
+    name = Backend(backend)
+    return name in _BUILTIN_BACKENDS or registered_plugin(name) is not None
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """``'cpu'`` -> ``'gloo'``, ``'cuda'`` -> ``'nccl'``; ValueError for other devices."""
+    device_type = getattr(device, "type", device)
+    if not isinstance(device_type, str) or device_type.split(":")[0] not in Backend.default_device_backend_map:
+        raise ValueError(f"Default backend not registered for device : {device}")
+    return Backend.default_device_backend_map[device_type.split(":")[0]]
+
+
+def _check_backends(config: BackendConfig, explicit: bool) -> None:
+    for device, name in config.device_backend_map.items():
+        if is_backend_available(name):
+            continue
+        if name in _UNAVAILABLE_BACKENDS:
+            if explicit:
+                raise DistBackendError(f"backend {name!r} for device {device!r} is not available: {_UNAVAILABLE_BACKENDS[name]}")
+            continue  # a default for a device this process does not use (cuda:nccl on a CPU build)
+        raise ValueError(
+            f"Unknown backend type {name!r}; known: {', '.join(n for n in Backend.backend_list if n != Backend.UNDEFINED)}"
+        )
+
+
+def parse_backend(backend: str | None) -> str:
+    """The backend string a group created with ``backend`` reports (``None`` ->
+    ``'cpu:gloo,cuda:nccl'``), after checking that this build provides what it names:
+    ValueError for an unknown or malformed name, DistBackendError for an unavailable
+    backend named explicitly."""
+    if backend is not None and not isinstance(backend, str):
+        raise ValueError("Backend constructor parameter must be string-ish")
+    _check_backends(BackendConfig(backend), explicit=backend is not None)
+    return Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")

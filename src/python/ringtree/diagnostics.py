@@ -13,8 +13,9 @@ from typing import Any
 
 from . import _C
 from ._C import ProcessGroup as _NativeProcessGroup
+from ._resolve import resolve
 from .errors import DistBackendError
-from .process_group import ProcessGroup, _resolve
+from .process_group import ProcessGroup
 
 __all__ = ["dump_flight_recorder"]
 
@@ -37,8 +38,8 @@ def dump_flight_recorder(
     aborted; not after destroy_process_group. DistBackendError for a group without a CPU
     engine.
     """
-    pg = _resolve(group)
-    engine = pg._engine
+    pg = resolve(group)
+    engine = pg.engine
     if not isinstance(engine, _NativeProcessGroup):
         raise DistBackendError(f"group {pg.group_name!r} has no flight recorder: it has no CPU collective engine")
     document = _C._flight_record_json(engine.communicator, "dump_flight_recorder")

@@ -25,27 +25,18 @@ import hashlib
 import os
 import time
 import warnings
+import weakref
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from . import constants
+from ._resolve import check_registered, default_group, member_group, registered, resolve
 from ._world import world
-from .backend import Backend, BackendConfig
+from .backend import Backend, BackendConfig, parse_backend
 from .errors import DistBackendError, DistStoreError, DistTimeoutError
-from .process_group import (
-    GroupMember,
-    ProcessGroup,
-    _check_device_id,
-    _check_timeout,
-    _create_group,
-    _default_pg_or_raise,
-    _parse_backend,
-    _rank_not_in_group,
-    _store_barrier,
-    _warn_not_in_group,
-    get_backend,
-)
+from .process_group import GroupMember, ProcessGroup, _check_device_id, _check_timeout, _create_group, _store_barrier
 
 __all__ = [
     "get_global_rank",
@@ -65,17 +56,33 @@ __all__ = [
 _local_group_counts: Counter[tuple[int, ...]] = Counter()
 
 
+@dataclass
+class _GroupState:
+    """What this module keeps about one group, in _group_states."""
+
+    #: Calls of split_group on the group (each member of the group counts every call);
+    #: part of the names of the groups they create.
+    split_count: int = 0
+    #: Calls of monitored_barrier on the group; numbers their store keys.
+    monitored_barrier_count: int = 0
+    #: On rank 0, the store keys of earlier monitored barriers that can only be deleted
+    #: once a later one has passed.
+    monitored_barrier_stale_keys: list[str] = field(default_factory=list)
+
+
+# The state of each group that split_group or monitored_barrier was called on: written and
+# read by those two functions only; an entry goes away with its group.
+_group_states: weakref.WeakKeyDictionary[ProcessGroup, _GroupState] = weakref.WeakKeyDictionary()
+
+
+def _state(pg: ProcessGroup) -> _GroupState:
+    state = _group_states.get(pg)
+    if state is None:
+        state = _group_states[pg] = _GroupState()
+    return state
+
+
 # --- rank translation ---------------------------------------------------------------------
-
-
-def _registered(group: Any) -> bool:
-    return isinstance(group, ProcessGroup) and world.groups.get(group.group_name) is group
-
-
-def _check_registered(group: Any) -> ProcessGroup:
-    if not _registered(group):
-        raise ValueError(f"Group {group} is not registered, please create group with ringtree.new_group API")
-    return group
 
 
 def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
@@ -86,7 +93,7 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     """
     if group is world.default_pg:
         return global_rank
-    converted = _check_registered(group)._group_ranks.get(global_rank)
+    converted = check_registered(group).group_rank_of(global_rank)
     if converted is None:
         raise ValueError(f"Global rank {global_rank} is not part of group {group}")
     return converted
@@ -100,7 +107,7 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     """
     if group is world.default_pg:
         return group_rank
-    ranks = _check_registered(group)._ranks
+    ranks = check_registered(group).ranks
     if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
         raise ValueError(f"Group rank {group_rank} is not part of group {group}")
     return ranks[group_rank]
@@ -108,17 +115,14 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
 
 def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
     """The world ranks of ``group``'s members, ordered by group rank (None: the world)."""
-    if group is None:
-        group = _default_pg_or_raise()
-    return list(_check_registered(group)._ranks)
+    return list(check_registered(resolve(group)).ranks)
 
 
 def get_pg_count() -> int:
     """The number of groups created by init_process_group and new_group (member-only groups
     and split_group's excepted, as in torch) since the default group was created; 0 when
     there is none."""
-    default_pg = world.default_pg
-    return 0 if default_pg is None else world.group_count - default_pg._group_count_at_init
+    return 0 if world.default_pg is None else world.group_count - world.group_count_at_init
 
 
 # --- creating groups ----------------------------------------------------------------------
@@ -131,7 +135,7 @@ def _hashed_name(members: list[int], salt: str) -> str:
 
 def _group_backend(backend: str | None, default_pg: ProcessGroup) -> str:
     """The backend string of a new group: the default group's when ``backend`` is None."""
-    return default_pg.name() if not backend else _parse_backend(backend)
+    return default_pg.name() if not backend else parse_backend(backend)
 
 
 def new_group(
@@ -172,7 +176,7 @@ def new_group(
     (world_size=4)"), more ranks than the world has, a bad backend or device_id;
     DistStoreError/DistNetworkError/DistTimeoutError when a member does not join in time.
     """
-    default_pg = _default_pg_or_raise()
+    default_pg = default_group()
     _check_device_id(device_id)
     backend_str = _group_backend(backend, default_pg)
     timeout = _check_timeout(timeout)
@@ -205,7 +209,7 @@ def new_group(
     pg = None
     if is_member:
         pg = _create_group(
-            default_pg._root_store, name, ranks.index(global_rank), ranks, timeout, backend_str,
+            default_pg.root_store, name, ranks.index(global_rank), ranks, timeout, backend_str,
             "undefined" if group_desc is None else group_desc,
         )
     if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
@@ -236,7 +240,7 @@ def new_subgroups_by_enumeration(
             if rank in owner:
                 raise ValueError(f"Rank {rank} has appeared in both subgroup {owner[rank]} and {ranks}")
             owner[rank] = ranks
-    my_rank = _default_pg_or_raise().rank()
+    my_rank = default_group().rank()
     subgroups: list[ProcessGroup | int] = []
     cur_subgroup = None
     for ranks in ranks_per_subgroup_list:
@@ -313,9 +317,9 @@ def split_group(
     """
     if split_ranks is None or len(split_ranks) == 0:
         raise ValueError("split_ranks cannot be None or empty")
-    default_pg = _default_pg_or_raise()
+    default_pg = default_group()
     parent = default_pg if parent_pg is None else parent_pg
-    if not _registered(parent):
+    if not registered(parent):
         raise ValueError(f"Group {parent} is not registered")
     backend_str = parent.name() if backend is None else _split_backend(parent, backend)
     timeout = _check_timeout(timeout)
@@ -339,14 +343,15 @@ def split_group(
             my_split = sorted(split)
     # Every member of the parent counts the split, members of a split or not, so that the
     # name of each split's group is the same on all its members.
-    parent._split_count += 1
+    state = _state(parent)
+    state.split_count += 1
     if my_split is None:
         return None
-    members = [parent._ranks[rank] for rank in my_split]
-    name = _hashed_name(members, f"split{parent._split_count}:{parent.group_name}")
+    members = [parent.ranks[rank] for rank in my_split]
+    name = _hashed_name(members, f"split{state.split_count}:{parent.group_name}")
     return _create_group(
-        default_pg._root_store, name, my_split.index(parent.rank()), members, timeout, backend_str,
-        f"{parent.group_desc}:split:{parent._split_count}" if group_desc is None else group_desc,
+        default_pg.root_store, name, my_split.index(parent.rank()), members, timeout, backend_str,
+        f"{parent.group_desc}:split:{state.split_count}" if group_desc is None else group_desc,
     )
 
 
@@ -354,7 +359,7 @@ def _split_backend(parent: ProcessGroup, backend: str) -> str:
     """Checks that ``backend`` names only per-device backends the parent has (a plain name
     stands for the devices it is the default backend of: ``"gloo"`` -> cpu); returns the
     child's backend string."""
-    requested = _parse_backend(backend)
+    requested = parse_backend(backend)
     if ":" in requested:
         named = BackendConfig(requested).device_backend_map
     else:
@@ -364,7 +369,7 @@ def _split_backend(parent: ProcessGroup, backend: str) -> str:
             f"Unknown backend '{backend}'. Specify a 'device:backend' string or use one of: "
             f"{sorted(set(Backend.default_device_backend_map.values()))}"
         )
-    parent_map = parent._backend_config.device_backend_map
+    parent_map = parent.backend_config.device_backend_map
     for device, name in named.items():
         if device not in parent_map:
             raise ValueError(
@@ -426,10 +431,10 @@ def monitored_barrier(
         ValueError: the group's backend is not "gloo" (as torch); TypeError for a timeout
             that is not a timedelta; DistBackendError for a destroyed group.
     """
-    if _rank_not_in_group(group):
-        _warn_not_in_group("monitored_barrier")
+    pg = member_group(group, "monitored_barrier")
+    if pg is None:
         return
-    if get_backend(group) != Backend.GLOO:
+    if pg.name() != Backend.GLOO:
         raise ValueError("monitored_barrier is only implemented for GLOO backend.")
     if timeout is None:
         timeout = constants.default_pg_timeout
@@ -441,11 +446,11 @@ def monitored_barrier(
         )
         timeout = timedelta(seconds=timeout)
     timeout = _check_timeout(timeout)
-    pg = _default_pg_or_raise() if group is None else group
-    if not _registered(pg):
+    if not registered(pg):
         raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}, which has been destroyed")
-    pg._monitored_barrier_count += 1
-    prefix = f"{_MONITORED_BARRIER_PREFIX}/{pg._monitored_barrier_count}"
+    state = _state(pg)
+    state.monitored_barrier_count += 1
+    prefix = f"{_MONITORED_BARRIER_PREFIX}/{state.monitored_barrier_count}"
     if pg.size() == 1:
         return
     if pg.rank() == 0:
@@ -489,7 +494,7 @@ def _monitored_barrier_root(pg: ProcessGroup, prefix: str, timeout: timedelta, w
     passed = verdict == _PASSED
     # The verdict, and the arrival keys of ranks not seen yet (they may still come), are
     # kept until a later barrier passes; earlier ones go now if this one passed.
-    stale = pg._monitored_barrier_stale_keys
+    stale = _state(pg).monitored_barrier_stale_keys
     if passed:
         for key in stale:
             store.delete_key(key)

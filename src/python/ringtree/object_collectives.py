@@ -20,8 +20,8 @@ from array import array
 from itertools import accumulate
 from typing import Any
 
-from .collectives import _check_root_list, _member_group, _root_rank
-from .p2p import _destination, _source
+from ._resolve import destination, member_group, resolve_root, source
+from .gather_scatter import _check_root_list
 from .process_group import ProcessGroup
 
 __all__ = [
@@ -72,16 +72,16 @@ def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | No
         None. If the calling rank is not part of the group, ``object_list`` is left
         unmodified.
     """
-    pg = _member_group(group, "all_gather_object")
+    pg = member_group(group, "all_gather_object")
     if pg is None:
         return
     payload = pickle.dumps(obj)
     sizes = _sizes(pg.size())
-    pg._engine.allgather_single(sizes, array("q", [len(payload)]), False)
+    pg.engine.allgather_single(sizes, array("q", [len(payload)]), False)
     data = bytearray(sum(sizes))
     view = memoryview(data)
     offsets = list(accumulate(sizes, initial=0))
-    pg._engine.allgather([view[offsets[r] : offsets[r] + sizes[r]] for r in range(pg.size())], payload, False)
+    pg.engine.allgather([view[offsets[r] : offsets[r] + sizes[r]] for r in range(pg.size())], payload, False)
     for r, value in enumerate(_unpickle(data, sizes, offsets)):
         object_list[r] = value
 
@@ -112,20 +112,20 @@ def gather_object(
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
     """
-    pg = _member_group(group, "gather_object")
+    pg = member_group(group, "gather_object")
     if pg is None:
         return
-    root = _root_rank(pg, dst, group_dst, "dst")
+    root = resolve_root(pg, dst, group_dst, "dst")
     is_root = pg.rank() == root
     _check_root_list(is_root, object_gather_list, "gather_list", "destination")
     payload = pickle.dumps(obj)
     sizes = _sizes(pg.size())
-    pg._engine.allgather_single(sizes, array("q", [len(payload)]), False)
+    pg.engine.allgather_single(sizes, array("q", [len(payload)]), False)
     padded = max(sizes)
     data = bytearray(padded * pg.size()) if is_root else None
     view = memoryview(data) if is_root else None
     outputs = [view[r * padded : (r + 1) * padded] for r in range(pg.size())] if is_root else None
-    pg._engine.gather(payload.ljust(padded, b"\0"), outputs, root, False)
+    pg.engine.gather(payload.ljust(padded, b"\0"), outputs, root, False)
     if is_root:
         offsets = [r * padded for r in range(pg.size())]
         for r, value in enumerate(_unpickle(data, sizes, offsets)):
@@ -159,19 +159,19 @@ def broadcast_object_list(
         group_src (int, optional): Source rank on ``group``. Invalid to specify both
             ``src`` and ``group_src``.
     """
-    pg = _member_group(group, "broadcast_object_list")
+    pg = member_group(group, "broadcast_object_list")
     if pg is None:
         return
-    root = _root_rank(pg, src, group_src, "src")
+    root = resolve_root(pg, src, group_src, "src")
     if pg.rank() == root:
         payloads = [pickle.dumps(obj) for obj in object_list]
-        pg._engine.broadcast(array("q", map(len, payloads)), root, False)
-        pg._engine.broadcast(b"".join(payloads), root, False)
+        pg.engine.broadcast(array("q", map(len, payloads)), root, False)
+        pg.engine.broadcast(b"".join(payloads), root, False)
         return
     sizes = _sizes(len(object_list))
-    pg._engine.broadcast(sizes, root, False)
+    pg.engine.broadcast(sizes, root, False)
     data = bytearray(sum(sizes))
-    pg._engine.broadcast(data, root, False)
+    pg.engine.broadcast(data, root, False)
     object_list[:] = _unpickle(data, sizes)
 
 
@@ -202,10 +202,10 @@ def scatter_object_list(
         group_src (int, optional): Source rank on ``group``. Invalid to specify both
             ``src`` and ``group_src``.
     """
-    pg = _member_group(group, "scatter_object_list")
+    pg = member_group(group, "scatter_object_list")
     if pg is None:
         return
-    root = _root_rank(pg, src, group_src, "src")
+    root = resolve_root(pg, src, group_src, "src")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
     if pg.rank() == root:
@@ -221,11 +221,11 @@ def scatter_object_list(
     else:
         payloads = None
         sizes = _sizes(pg.size())
-    pg._engine.broadcast(sizes, root, False)
+    pg.engine.broadcast(sizes, root, False)
     padded = max(sizes)
     data = bytearray(padded)
     inputs = None if payloads is None else [payload.ljust(padded, b"\0") for payload in payloads]
-    pg._engine.scatter(data, inputs, root, False)
+    pg.engine.scatter(data, inputs, root, False)
     scatter_object_output_list[0] = _unpickle(data, sizes[pg.rank() : pg.rank() + 1])[0]
 
 
@@ -257,14 +257,14 @@ def send_object_list(
         use_batch (bool, optional): Accepted for compatibility; every send goes through
             the group's point-to-point engine either way.
     """
-    pg = _member_group(group, "send_object_list")
+    pg = member_group(group, "send_object_list")
     if pg is None:
         return
-    peer = _destination(pg, dst, group_dst)
+    peer = destination(pg, dst, group_dst)
     payloads = [pickle.dumps(obj) for obj in object_list]
     works = [
-        pg._p2p.isend(array("q", map(len, payloads)), peer, 0),
-        pg._p2p.isend(b"".join(payloads), peer, 0),
+        pg.p2p.isend(array("q", map(len, payloads)), peer, 0),
+        pg.p2p.isend(b"".join(payloads), peer, 0),
     ]
     for work in works:
         work.wait()
@@ -299,15 +299,15 @@ def recv_object_list(
     Returns:
         The sender's global rank; -1 if this rank is not part of the group.
     """
-    pg = _member_group(group, "recv_object_list")
+    pg = member_group(group, "recv_object_list")
     if pg is None:
         return -1
-    peer = _source(pg, src, group_src)
+    peer = source(pg, src, group_src)
     sizes = _sizes(len(object_list))
-    work = pg._p2p.irecv(sizes, peer, 0)
+    work = pg.p2p.irecv(sizes, peer, 0)
     work.wait()
     sender = work.source_rank()  # the bytes come from the same rank, after the sizes
     data = bytearray(sum(sizes))
-    pg._p2p.irecv(data, sender, 0).wait()
+    pg.p2p.irecv(data, sender, 0).wait()
     object_list[:] = _unpickle(data, sizes)
-    return pg._ranks[sender]
+    return pg.ranks[sender]

@@ -31,34 +31,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._C import ANY_SOURCE, Work
+from ._C import Work
+from ._resolve import destination, member_group, p2p_op_group, resolve_rank, source
 from ._world import world
-from .collectives import _default_group, _group_rank, _member_group
-from .process_group import ProcessGroup, _rank_not_in_group, get_rank
+from .process_group import ProcessGroup
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
-
-def _destination(pg: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
-    """The group rank a blocking send goes to: ``dst`` (global) or ``group_dst``, and not
-    this rank (torch's check and text)."""
-    peer = _group_rank(pg, dst, group_dst, "dst")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank of the current process."
-        )
-    return peer
-
-
-def _source(pg: ProcessGroup, src: int | None, group_src: int | None) -> int:
-    """The group rank a receive takes from: ``src`` (global) or ``group_src``, not this
-    rank (torch's check and text), or ANY_SOURCE when neither is given."""
-    if src is None and group_src is None:
-        return ANY_SOURCE
-    peer = _group_rank(pg, src, group_src, "src")
-    if peer == pg.rank():
-        raise ValueError("Invalid source rank: source rank should not be the same as the rank of the current process.")
-    return peer
+# The common call (the default group, a peer's global rank) is served before any helper
+# is called (see _resolve.py): ``peer_rank_of`` is None for a rank that is not a peer,
+# and the default group's ranks are the global ranks.
 
 
 def isend(
@@ -85,15 +67,15 @@ def isend(
         A distributed request object (its ``wait()`` returns once ``tensor`` may be
         reused). None, if not part of the group.
     """
-    if group is None and group_dst is None:  # the common call, as in send()
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(dst)
-        if peer is not None and peer != pg._rank:
-            return pg._p2p.isend(tensor, peer, tag)
-    pg = _member_group(group, "isend")
+    pg = world.default_pg
+    if group is None and group_dst is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(dst)
+        if peer is not None:
+            return pg.p2p.isend(tensor, peer, tag)
+    pg = member_group(group, "isend")
     if pg is None:
         return None
-    return pg._p2p.isend(tensor, _group_rank(pg, dst, group_dst, "dst"), tag)
+    return pg.p2p.isend(tensor, resolve_rank(pg, dst, group_dst, "dst"), tag)
 
 
 def irecv(
@@ -120,16 +102,15 @@ def irecv(
     Returns:
         A distributed request object. None, if not part of the group.
     """
-    if group is None and group_src is None and src is not None:  # the common call, as in send()
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(src)
-        if peer is not None and peer != pg._rank:
-            return pg._p2p.irecv(tensor, peer, tag)
-    pg = _member_group(group, "irecv")
+    pg = world.default_pg
+    if group is None and group_src is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(src)
+        if peer is not None:
+            return pg.p2p.irecv(tensor, peer, tag)
+    pg = member_group(group, "irecv")
     if pg is None:
         return None
-    peer = _source(pg, src, group_src)
-    return pg._p2p.irecv(tensor, peer, tag)
+    return pg.p2p.irecv(tensor, source(pg, src, group_src), tag)
 
 
 def send(
@@ -151,17 +132,16 @@ def send(
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
     """
-    if group is None and group_dst is None:  # the common call, without the helpers' calls
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(dst)
-        if peer is not None and peer != pg._rank:
-            pg._p2p.send(tensor, peer, tag)
+    pg = world.default_pg
+    if group is None and group_dst is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(dst)
+        if peer is not None:
+            pg.p2p.send(tensor, peer, tag)
             return
-    pg = _member_group(group, "send")
+    pg = member_group(group, "send")
     if pg is None:
         return
-    peer = _destination(pg, dst, group_dst)
-    pg._p2p.send(tensor, peer, tag)
+    pg.p2p.send(tensor, destination(pg, dst, group_dst), tag)
 
 
 def recv(
@@ -187,16 +167,15 @@ def recv(
     Returns:
         The sender's global rank; -1, if not part of the group.
     """
-    if group is None and group_src is None and src is not None:  # the common call, as in send()
-        pg = world.default_pg
-        peer = None if pg is None else pg._group_ranks.get(src)
-        if peer is not None and peer != pg._rank:
-            return pg._ranks[pg._p2p.recv(tensor, peer, tag)]
-    pg = _member_group(group, "recv")
+    pg = world.default_pg
+    if group is None and group_src is None and pg is not None:  # the common call
+        peer = pg.peer_rank_of(src)
+        if peer is not None:
+            return pg.p2p.recv(tensor, peer, tag)
+    pg = member_group(group, "recv")
     if pg is None:
         return -1
-    peer = _source(pg, src, group_src)
-    return pg._ranks[pg._p2p.recv(tensor, peer, tag)]
+    return pg.ranks[pg.p2p.recv(tensor, source(pg, src, group_src), tag)]
 
 
 class P2POp:
@@ -228,13 +207,9 @@ class P2POp:
             raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``ringtree.isend`` or ``ringtree.irecv``.")
         self.op = op
         self.tensor = tensor
-        if group is None:
-            group = _default_group()
-        elif _rank_not_in_group(group):
-            raise ValueError(f"P2POp: global rank {get_rank()} is not a member of the given group")
-        self.group = group
-        self.group_peer = _group_rank(self.group, peer, group_peer, "peer")
-        self.peer = self.group._ranks[self.group_peer]
+        self.group = p2p_op_group(group)
+        self.group_peer = resolve_rank(self.group, peer, group_peer, "peer")
+        self.peer = self.group.ranks[self.group_peer]
         self.tag = tag
 
     def __repr__(self) -> str:
@@ -268,7 +243,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     group = p2p_op_list[0].group
     if not all(p2p_op.group is group for p2p_op in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
-    engine = group._p2p
+    engine = group.p2p
     works = []
     for p2p_op in p2p_op_list:
         works.append((engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag))

@@ -9,13 +9,14 @@ import threading
 import time
 import warnings
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from . import _C, constants
 from ._C import PrefixStore, Store, TCPStore
 from ._C import ProcessGroup as _NativeProcessGroup
+from ._resolve import NON_GROUP_MEMBER, default_group, joined_group, rank_not_in_group, registered, resolve
 from ._world import world
-from .backend import Backend, BackendConfig
+from .backend import Backend, BackendConfig, parse_backend, registered_plugin, unavailable_reason
 from .errors import DistBackendError, DistStoreError
 from .rendezvous import rendezvous
 
@@ -26,32 +27,16 @@ __all__ = [
     "destroy_process_group",
     "get_backend",
     "get_backend_config",
-    "get_default_backend_for_device",
     "get_node_local_rank",
     "get_rank",
     "get_world_size",
     "group",
     "init_process_group",
     "is_available",
-    "is_backend_available",
-    "is_gloo_available",
     "is_initialized",
-    "is_mpi_available",
     "is_torchelastic_launched",
-    "is_ucc_available",
-    "is_xccl_available",
-    "is_nccl_available",
 ]
 
-# Backends this build provides, by device type. "gloo" is ringtree's own CPU engine.
-_BUILTIN_BACKENDS = {Backend.GLOO}
-_UNAVAILABLE_BACKENDS = {
-    Backend.NCCL: "ringtree was built without NCCL support (no CUDA path in this build)",
-    Backend.MPI: "ringtree does not provide an MPI backend; use 'gloo' (ringtree's CPU engine)",
-    Backend.UCC: "ringtree does not provide a UCC backend",
-    Backend.XCCL: "ringtree does not provide an XCCL backend",
-    Backend.FAKE: "ringtree does not provide the 'fake' backend",
-}
 # Key (in each group's store) counting the ranks that destroyed the group or exited.
 _EXITED_KEY = "ringtree/exited"
 
@@ -62,45 +47,73 @@ class ProcessGroup:
     Created by :func:`init_process_group` (the default group) and by the functions of
     ``groups.py`` (new_group, new_subgroups, split_group). ``rank()`` and ``size()`` are
     this process's rank in the group and the group's size.
+
+    Every field is declared in ``__slots__`` and set here; the other modules of the
+    package read a group through the read-only accessors below. Those the hot calls use
+    on every call cost no more than an attribute: ``engine`` and ``p2p`` (the native
+    engines; only _start_engine, _stop_engine and _abort_engine replace them) and the
+    rank lookups ``group_rank_of`` and ``peer_rank_of``.
     """
+
+    __slots__ = (
+        "__weakref__",
+        "_backend_config",
+        "_backend_str",
+        "_barrier_count",
+        "_engine",
+        "_group_desc",
+        "_group_name",
+        "_p2p",
+        "_plugin_backends",
+        "_rank",
+        "_ranks",
+        "_root_store",
+        "_size",
+        "_store",
+        "_timeout",
+        "group_rank_of",
+        "peer_rank_of",
+    )
 
     def __init__(
         self,
-        store: Store,
+        root_store: Store,
         rank: int,
-        size: int,
         timeout: timedelta,
         backend: str,
         group_name: str,
         ranks: list[int],
         group_desc: str = "undefined",
     ) -> None:
-        self._store = store
+        self._root_store = root_store
+        self._store = PrefixStore(group_name, root_store)
         self._rank = rank
-        self._size = size
+        self._ranks = tuple(ranks)
+        self._size = len(self._ranks)
         self._timeout = timeout
         self._backend_str = backend
         self._backend_config = BackendConfig(None if backend == Backend.UNDEFINED else backend)
         self._group_name = group_name
-        self._ranks = list(ranks)
-        # Global rank -> group rank.
-        self._group_ranks = {global_rank: group_rank for group_rank, global_rank in enumerate(self._ranks)}
+        self._group_desc = group_desc
+        group_ranks = {global_rank: group_rank for group_rank, global_rank in enumerate(self._ranks)}
+        peer_ranks = {global_rank: peer for global_rank, peer in group_ranks.items() if peer != rank}
+        #: group_rank_of(global_rank): the group rank of the member whose global rank is
+        #: ``global_rank``; None for a rank that is not a member.
+        self.group_rank_of: Callable[[int], int | None] = group_ranks.get
+        #: peer_rank_of(global_rank): as group_rank_of, but None for this rank too (the
+        #: group rank of a peer this rank can send to or receive from).
+        self.peer_rank_of: Callable[[int], int | None] = peer_ranks.get
         # Objects created by plugin backends (Backend.register_backend), by device type.
         self._plugin_backends: dict[str, Any] = {}
         # The native CPU engine that runs this group's collectives (see _start_engine).
         self._engine: _NativeProcessGroup | _NoEngine = _NoEngine(
             f"group {group_name!r} has no CPU collective engine (backend {backend!r} does not map 'cpu' to 'gloo')"
         )
-        # The same backend for send, recv, ... (replaced on its own when the group is aborted).
+        # The same native backend for send, recv, ... (replaced alone when the group is
+        # aborted, so that point-to-point calls say so).
         self._p2p: _NativeProcessGroup | _NoEngine = self._engine
+        # Calls of _store_barrier on this group (numbers its store keys).
         self._barrier_count = 0
-        self._group_desc = group_desc
-        # Calls of split_group on this group (names the groups it creates, see groups.py).
-        self._split_count = 0
-        # monitored_barrier state (groups.py): calls so far, and on rank 0 the store keys of
-        # earlier barriers that can only be deleted once a later one has passed.
-        self._monitored_barrier_count = 0
-        self._monitored_barrier_stale_keys: list[str] = []
 
     def rank(self) -> int:
         return self._rank
@@ -121,11 +134,36 @@ class ProcessGroup:
 
     @property
     def store(self) -> Store:
+        """The group's store: its keys, under ``<group_name>/`` in :attr:`root_store`."""
         return self._store
+
+    @property
+    def root_store(self) -> Store:
+        """The job's store, which every group's store is a prefix of (new groups are
+        created over it)."""
+        return self._root_store
 
     @property
     def timeout(self) -> timedelta:
         return self._timeout
+
+    @property
+    def backend_config(self) -> BackendConfig:
+        """Which backend serves which device type in this group."""
+        return self._backend_config
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The members' global ranks, in group rank order."""
+        return self._ranks
+
+    #: The native engine that runs this group's collectives (ringtree._C.ProcessGroup), or
+    #: a _NoEngine whose every call raises DistBackendError saying why there is none.
+    engine: _NativeProcessGroup | _NoEngine
+
+    #: The native backend's point-to-point side (the same ringtree._C.ProcessGroup: send,
+    #: recv, isend, irecv), or a _NoEngine as for ``engine``.
+    p2p: _NativeProcessGroup | _NoEngine
 
     def __repr__(self) -> str:
         return (
@@ -141,6 +179,13 @@ class ProcessGroup:
         destroy_process_group still removes it, dump_flight_recorder still reads it.
         Returns once nothing runs any more. Idempotent."""
         _abort_engine(self)
+
+
+# ``engine`` and ``p2p`` read the slots _engine and _p2p: the descriptors of those slots
+# under a second name, as fast as an attribute (a property would cost a few percent of a
+# small all_reduce). Read-only by contract: only this module assigns _engine and _p2p.
+ProcessGroup.engine = ProcessGroup._engine  # type: ignore[misc]
+ProcessGroup.p2p = ProcessGroup._p2p  # type: ignore[misc]
 
 
 class _NoEngine:
@@ -169,13 +214,13 @@ def _start_engine(pg: ProcessGroup) -> None:
     engine = _NativeProcessGroup.create(pg.store, pg.rank(), pg.size(), pg.timeout)
     # Flight-record dumps name the rank by its global rank; the group created first (by
     # init_process_group) is the world.
-    _C._set_identity(engine.communicator, pg.group_name, pg._ranks[pg.rank()], world.default_pg is None)
+    _C._set_identity(engine.communicator, pg.group_name, pg.ranks[pg.rank()], world.default_pg is None)
     pg._engine = pg._p2p = engine
 
 
 def _stop_engine(pg: ProcessGroup) -> None:
-    """Runs the group's queued collectives to completion and stops its engines (pending
-    point-to-point operations fail)."""
+    """Runs the group's queued collectives to completion and stops its native backend
+    (pending point-to-point operations fail)."""
     engine = pg._engine
     pg._engine = pg._p2p = _NoEngine(f"group {pg.group_name!r} has been destroyed")
     if isinstance(engine, _NativeProcessGroup):
@@ -211,60 +256,16 @@ class GroupMember(metaclass=_WorldAccessor):
     """``GroupMember.WORLD`` is the default group (None before init);
     ``GroupMember.NON_GROUP_MEMBER`` is what non-members get from new_group."""
 
-    NON_GROUP_MEMBER = -100
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
 
 
 class group(metaclass=_WorldAccessor):  # noqa: N801 (torch's name)
     """``group.WORLD`` is the default group (None before init)."""
 
 
-def _rank_not_in_group(group: ProcessGroup | int | None) -> bool:
-    """True when ``group`` is what new_group gave a rank that is not a member
-    (``GroupMember.NON_GROUP_MEMBER``); None (the world) and ProcessGroup objects are
-    groups this rank belongs to. Cheap: the collectives call it on every call."""
-    return group is not None and group == GroupMember.NON_GROUP_MEMBER
-
-
-def _warn_not_in_group(op_name: str, stacklevel: int = 3) -> None:
-    """Warns, as torch does, that ``op_name`` was called with a group this rank is not in
-    (the collective then returns None without doing anything). ``stacklevel`` as for
-    warnings.warn, counted from here: the default 3 names the caller of a public function
-    that calls this directly."""
-    global_rank = -1 if world.default_pg is None else world.default_pg.rank()
-    warnings.warn(
-        f"Running {op_name} on global rank {global_rank} which does not belong to the given group.",
-        stacklevel=stacklevel,
-    )
-
-
 def is_available() -> bool:
     """ringtree's distributed package is always available."""
     return True
-
-
-def is_gloo_available() -> bool:
-    """True: ``gloo`` is ringtree's own CPU engine, always built."""
-    return True
-
-
-def is_nccl_available() -> bool:
-    """False in this build: it has no CUDA/NCCL path."""
-    return False
-
-
-def is_mpi_available() -> bool:
-    """False: ringtree does not wrap MPI."""
-    return False
-
-
-def is_ucc_available() -> bool:
-    """False: ringtree does not provide a UCC backend."""
-    return False
-
-
-def is_xccl_available() -> bool:
-    """False: ringtree does not provide an XCCL backend."""
-    return False
 
 
 def is_torchelastic_launched() -> bool:
@@ -273,66 +274,35 @@ def is_torchelastic_launched() -> bool:
     return os.getenv("TORCHELASTIC_RUN_ID") is not None
 
 
-def is_backend_available(backend: str) -> bool:
-    """True for built-in backends this build provides and for registered plugins."""
-    name = Backend(backend)
-    return name in _BUILTIN_BACKENDS or name.upper() in Backend._plugins
-
-
-def get_default_backend_for_device(device: Any) -> str:
-    """``'cpu'`` -> ``'gloo'``, ``'cuda'`` -> ``'nccl'``; ValueError for other devices."""
-    device_type = getattr(device, "type", device)
-    if not isinstance(device_type, str) or device_type.split(":")[0] not in Backend.default_device_backend_map:
-        raise ValueError(f"Default backend not registered for device : {device}")
-    return Backend.default_device_backend_map[device_type.split(":")[0]]
-
-
 def is_initialized() -> bool:
     """Whether the default group exists."""
     return world.default_pg is not None
 
 
-def _default_pg_or_raise() -> ProcessGroup:
-    if world.default_pg is None:
-        raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
-    return world.default_pg
-
-
-def _resolve(group: ProcessGroup | None) -> ProcessGroup:
-    return _default_pg_or_raise() if group is None else group
-
-
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (default: the world); -1 if not a member."""
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return -1
-    return _resolve(group).rank()
+    return resolve(group).rank()
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 if not a member."""
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return -1
-    return _resolve(group).size()
-
-
-def _joined_group(group: ProcessGroup | None) -> ProcessGroup:
-    """``group`` (the default group for None); ValueError when this rank is not in it."""
-    if _rank_not_in_group(group):
-        raise ValueError("Invalid process group specified")
-    return _resolve(group)
+    return resolve(group).size()
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
     """The backend string ``group`` was created with (e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``).
     ValueError for a group this rank is not in."""
-    return _joined_group(group).name()
+    return joined_group(group).name()
 
 
 def get_backend_config(group: ProcessGroup | None = None) -> str:
     """The per-device backend map of ``group`` as a string, e.g. ``'cpu:gloo,cuda:nccl'``.
     ValueError for a group this rank is not in."""
-    return repr(_joined_group(group)._backend_config)
+    return repr(joined_group(group).backend_config)
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
@@ -367,21 +337,8 @@ def _check_device_id(device_id: Any) -> None:
         raise ValueError(f"init_process_group device_id parameter must be an accelerator with an index, got {device_id}")
     raise DistBackendError(
         f"init_process_group(device_id={device_id!r}) binds an accelerator, which needs the NCCL backend: "
-        + _UNAVAILABLE_BACKENDS[Backend.NCCL]
+        + unavailable_reason(Backend.NCCL)
     )
-
-
-def _check_backends(config: BackendConfig, explicit: bool) -> None:
-    for device, name in config.device_backend_map.items():
-        if name in _BUILTIN_BACKENDS or name.upper() in Backend._plugins:
-            continue
-        if name in _UNAVAILABLE_BACKENDS:
-            if explicit:
-                raise DistBackendError(f"backend {name!r} for device {device!r} is not available: {_UNAVAILABLE_BACKENDS[name]}")
-            continue  # a default for a device this process does not use (cuda:nccl on a CPU build)
-        raise ValueError(
-            f"Unknown backend type {name!r}; known: {', '.join(n for n in Backend.backend_list if n != Backend.UNDEFINED)}"
-        )
 
 
 def init_process_group(
@@ -417,7 +374,7 @@ def init_process_group(
     timeout = _check_timeout(timeout)
     if not isinstance(world_size, int) or not isinstance(rank, int):
         raise TypeError(f"rank and world_size must be int, got rank={rank!r}, world_size={world_size!r}")
-    backend_str = _parse_backend(backend)
+    backend_str = parse_backend(backend)
     _check_device_id(device_id)
 
     if store is None:
@@ -435,23 +392,11 @@ def init_process_group(
 
     name = group_name or str(world.group_count)
     pg = _create_group(store, name, rank, list(range(world_size)), timeout, backend_str, "default_pg")
-    pg._root_store = store  # kept so the hosting rank can outlive the others (see _retire_store)
-    pg._group_count_at_init = world.group_count  # get_pg_count counts from here
     world.default_pg = pg
+    world.group_count_at_init = world.group_count
     world.group_count += 1
     if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
         _store_barrier(pg)
-
-
-def _parse_backend(backend: str | None) -> str:
-    """The backend string a group created with ``backend`` reports (``None`` ->
-    ``'cpu:gloo,cuda:nccl'``), after checking that this build provides what it names:
-    ValueError for an unknown or malformed name, DistBackendError for an unavailable
-    backend named explicitly."""
-    if backend is not None and not isinstance(backend, str):
-        raise ValueError("Backend constructor parameter must be string-ish")
-    _check_backends(BackendConfig(backend), explicit=backend is not None)
-    return Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")
 
 
 def _create_group(
@@ -471,17 +416,17 @@ def _create_group(
     everything succeeded. ValueError when ``name`` is taken."""
     if name in world.groups:
         raise ValueError(f"The specified group name {name} has already been created, please use a different group name")
-    pg_store = PrefixStore(name, root_store)
-    pg = ProcessGroup(pg_store, group_rank, len(global_ranks), timeout, backend_str, name, global_ranks, group_desc)
-    for device, backend_name in pg._backend_config.device_backend_map.items():
-        plugin = Backend._plugins.get(backend_name.upper())
+    pg = ProcessGroup(root_store, group_rank, timeout, backend_str, name, global_ranks, group_desc)
+    device_backends = pg.backend_config.device_backend_map
+    for device, backend_name in device_backends.items():
+        plugin = registered_plugin(backend_name)
         if plugin is None:
             continue
-        device_store = PrefixStore(f"{device}", pg_store)
+        device_store = PrefixStore(f"{device}", pg.store)
         if plugin.extended_api:
             raise ValueError(f"backend {backend_name!r} was registered with extended_api=True, which ringtree does not support")
-        pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, len(global_ranks), timeout)
-    if pg._backend_config.device_backend_map.get("cpu") == Backend.GLOO:
+        pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, pg.size(), timeout)
+    if device_backends.get("cpu") == Backend.GLOO:
         _start_engine(pg)
     world.groups[name] = pg
     return pg
@@ -493,7 +438,7 @@ def _store_barrier(group: ProcessGroup | None = None, timeout: timedelta | None 
     Store-based: two store round trips per rank. Raises DistStoreError naming the group
     and how many ranks arrived when the timeout (default: the group's) passes.
     """
-    pg = _resolve(group)
+    pg = resolve(group)
     timeout = pg.timeout if timeout is None else _check_timeout(timeout)
     pg._barrier_count += 1
     key = f"ringtree/barrier/{pg._barrier_count}"
@@ -529,12 +474,14 @@ _retain_lock = threading.Lock()
 
 
 def _retire_store(pg: ProcessGroup) -> None:
-    root = getattr(pg, "_root_store", None)
+    """Tells the group's other ranks that this one is done with it; hands the job's store
+    to _retained_stores when this process hosts it and ``pg`` is the world group."""
     try:
         pg.store.add(_EXITED_KEY, 1)
     except Exception:  # noqa: BLE001 - the store may be gone already; nothing to tell then
         return
-    if isinstance(root, TCPStore) and root._num_server_clients >= 0 and pg.size() > 1:
+    root = pg.root_store
+    if pg is world.default_pg and isinstance(root, TCPStore) and root._num_server_clients >= 0 and pg.size() > 1:
         deadline = time.monotonic() + pg.timeout.total_seconds()
         with _retain_lock:
             _retained_stores.append((root, pg.store, pg.size(), deadline))
@@ -570,18 +517,17 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     the group timeout), and the process waits for that only at interpreter exit.
     Raises ValueError for a group that is not (or no longer) registered.
     """
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return
     if group is None or group is world.default_pg:
-        if world.default_pg is None:
-            raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+        default_group()  # ValueError before init
         for pg in list(world.groups.values()):
             _stop_engine(pg)
             _retire_store(pg)
         world.groups.clear()
         world.default_pg = None
         return
-    if world.groups.get(getattr(group, "group_name", None)) is not group:
+    if not registered(group):
         raise ValueError(f"Invalid process group specified: {group!r}")
     _stop_engine(group)
     _retire_store(group)
@@ -596,13 +542,12 @@ def abort_process_group(group: ProcessGroup | None = None) -> None:
     ProcessGroup.abort). Does nothing for ``GroupMember.NON_GROUP_MEMBER``; ValueError for
     a group that is not (or no longer) registered.
     """
-    if _rank_not_in_group(group):
+    if rank_not_in_group(group):
         return
     if group is None or group is world.default_pg:
-        if world.default_pg is None:
-            raise ValueError("Default process group has not been initialized, please make sure to call init_process_group.")
+        default_group()  # ValueError before init
         aborted = list(world.groups.values())
-    elif world.groups.get(getattr(group, "group_name", None)) is not group:
+    elif not registered(group):
         raise ValueError(f"Invalid process group specified: {group!r}")
     else:
         aborted = [group]

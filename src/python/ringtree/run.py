@@ -34,6 +34,9 @@ grace period, or at once on a second signal) and the launcher exits with 128 + t
 number. Processes a worker leaves behind in its process group are killed when the job
 ends. A launcher killed with SIGKILL cannot stop its workers; they lose the store.
 
+Other programs that start jobs (the benchmarks of ``ringtree.bench``) use :func:`command`,
+:data:`GRACE_PERIOD_S`, :func:`signal_process_group` and :func:`describe_status`.
+
 This module imports only the standard library at start; ``ringtree.TCPStore`` is imported
 when the store is created. Nothing heavy (torch, numpy) is loaded.
 """
@@ -50,12 +53,12 @@ import sys
 import threading
 import time
 
-__all__ = ["main"]
+__all__ = ["GRACE_PERIOD_S", "command", "describe_status", "main", "signal_process_group"]
 
 # Signals the launcher forwards to its workers (torchrun's default set).
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-# Seconds workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
-_GRACE_PERIOD_S = 3.0
+#: Seconds workers get to exit after SIGTERM (or a forwarded signal) before SIGKILL.
+GRACE_PERIOD_S = 3.0
 # Upper bound on one wait of the monitor loop; exits and signals wake it earlier.
 _MONITOR_WAKE_S = 1.0
 # Seconds to wait for a worker's output pipes to reach end of file after the worker
@@ -213,14 +216,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def command(nproc_per_node: int, program: list[str], module: bool = False) -> list[str]:
+    """The command line that runs ``program`` (a script and its arguments; with ``module``,
+    a module and its arguments, as ``python -m`` takes them) as ``nproc_per_node`` workers
+    of a one-node job, through this launcher under the current interpreter."""
+    flags = ["--nproc-per-node", str(nproc_per_node), *(["-m"] if module else [])]
+    return [sys.executable, "-m", "ringtree.run", *flags, *program]
+
+
 def _worker_command(args: argparse.Namespace) -> list[str]:
     """The command line every worker runs."""
     if args.no_python:
         return [args.training_script, *args.training_script_args]
-    command = [sys.executable]
-    if args.module:
-        command.append("-m")
-    return [*command, args.training_script, *args.training_script_args]
+    interpreter = [sys.executable, "-m"] if args.module else [sys.executable]
+    return [*interpreter, args.training_script, *args.training_script_args]
 
 
 def _worker_env(args: argparse.Namespace, local_rank: int, master_port: int) -> dict[str, str]:
@@ -267,7 +276,7 @@ def _stream_writer(stream):
     return write
 
 
-def _describe_status(status: int) -> str:
+def describe_status(status: int) -> str:
     """Describe a ``Popen.returncode``-style status: >= 0 exit code, < 0 signal number."""
     if status >= 0:
         return f"exit code {status}"
@@ -359,10 +368,7 @@ class _Worker:
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to every process of the worker's process group."""
-        try:
-            os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            pass
+        signal_process_group(self.pid, signum)
 
     def reap(self) -> None:
         """Kill whatever is left of the process group, then reap the worker; blocks until
@@ -453,20 +459,20 @@ class _Launcher:
         """Start the workers, then block until they have all exited, one of them failed or
         a signal arrived; stop the rest in the last two cases. Returns the exit code."""
         args = self._args
-        command = _worker_command(args)
+        worker_command = _worker_command(args)
         for local_rank in range(args.nproc_per_node):
             if self._signals:
                 break
             try:
                 proc = subprocess.Popen(
-                    command,
+                    worker_command,
                     env=_worker_env(args, local_rank, master_port),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
                 )
             except OSError as exc:
-                _print(f"cannot start local rank {local_rank} ({command[0]}): {exc}")
+                _print(f"cannot start local rank {local_rank} ({worker_command[0]}): {exc}")
                 self._stop(signal.SIGTERM)
                 return 1
             rank = args.node_rank * args.nproc_per_node + local_rank
@@ -551,7 +557,7 @@ class _Launcher:
         running = [w for w in self._workers if not w.exited()]
         for worker in running:
             worker.signal_group(signum)
-        deadline = time.monotonic() + _GRACE_PERIOD_S
+        deadline = time.monotonic() + GRACE_PERIOD_S
         signals_seen = len(self._signals)
         while running and len(self._signals) == signals_seen:
             remaining = deadline - time.monotonic()
@@ -570,12 +576,12 @@ class _Launcher:
             f"{_PROG}: worker failed (root cause: first observed failure)",
             f"  global rank {first.rank} (local rank {first.local_rank}, node rank "
             f"{self._args.node_rank}, host {host}, pid {first.pid}): "
-            f"{_describe_status(first.status)}",
+            f"{describe_status(first.status)}",
         ]
         for other in failures[1:]:
             lines.append(
                 f"  also failed: global rank {other.rank} (local rank {other.local_rank}, "
-                f"pid {other.pid}): {_describe_status(other.status)}"
+                f"pid {other.pid}): {describe_status(other.status)}"
             )
         first.stderr.join(_DRAIN_S)
         tail = first.stderr.tail()
@@ -586,6 +592,15 @@ class _Launcher:
             lines.append(f"  global rank {first.rank} wrote nothing to stderr")
         lines.append("=" * 72)
         _print("\n".join(lines), prefix=False)
+
+
+def signal_process_group(pgid: int, signum: int) -> None:
+    """Send ``signum`` to every process of the process group ``pgid`` (the group of a
+    process started with ``start_new_session=True`` has its pid); nothing if it is gone."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _print(message: str, prefix: bool = True) -> None:

@@ -1,5 +1,9 @@
 """``ringtree-bench`` / ``python -m ringtree.bench``: the entry point.
 
+``ringtree-bench TOOL ...`` with TOOL one of :data:`~ringtree.bench.options.TOOLS`
+(``startup``, ``call-overhead``, ``p2p-pingpong``, ``failure-table``) runs that
+measurement. Otherwise the words are the collective sweep's command line.
+
 Without ``--nproc`` this process is one rank of a job started by a launcher and runs
 :func:`ringtree.bench.worker.run`. With ``--nproc N`` it orchestrates: it launches an
 N-rank job per system (``--system``, then each of ``--compare``), ``--repeat`` times
@@ -12,11 +16,13 @@ last round otherwise) and a side-by-side comparison per collective, and writes `
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from typing import Any
 
 from . import report
 from .launch import LaunchResult, availability, run_system
-from .options import parse_args
+from .options import TOOLS, parse_args
 from .systems import have_torch, unsupported_reason
 
 __all__ = ["main"]
@@ -177,6 +183,9 @@ def _orchestrate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run ``ringtree-bench`` with ``argv`` (default: the command line); returns the exit
     status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in TOOLS:
+        return importlib.import_module(f"{__package__}.{TOOLS[argv[0]]}").main(argv[1:])
     args = parse_args(argv)
     if args.nproc is None:
         from .worker import run

@@ -34,7 +34,7 @@ import numpy as np
 
 from .options import Collective, DType
 
-__all__ = ["NumpyBuffer", "Plan", "TorchBuffer", "count_wrong", "make_plan", "unwritten_value"]
+__all__ = ["FOLDS", "NumpyBuffer", "Plan", "TorchBuffer", "count_wrong", "make_plan", "unwritten_value"]
 
 # Elements processed at once while generating and verifying (bounds temporary memory).
 CHUNK = 1 << 20
@@ -102,7 +102,9 @@ def _values(op: str, dtype: DType, world_size: int):
     return lambda rank, start, stop: pattern(rank, start, stop, bits)
 
 
-_FOLDS = {
+#: The NumPy function that folds two ranks' values for each reduction (avg: the sum, divided
+#: at the end).
+FOLDS = {
     "sum": np.add,
     "avg": np.add,
     "prod": np.multiply,
@@ -141,7 +143,7 @@ def _reduction_plan(
     if collective.name != "reduce" or rank == root:
         first = rank * part if parts > 1 else 0
         expected = np.empty((1, part), dtype=np.float32)
-        fold = _FOLDS[op]
+        fold = FOLDS[op]
         for start in range(first, first + part, CHUNK):
             stop = min(first + part, start + CHUNK)
             acc = values(0, start, stop).astype(np.int64)
@@ -222,7 +224,20 @@ def _ones(numpy_dtype: str, count: int) -> np.ndarray:
     return np.ones(count, dtype=np.dtype(numpy_dtype))
 
 
-class NumpyBuffer:
+class _Buffer:
+    """What both kinds of buffer share: writing a plan's input, through the subclass's
+    ``fill(value, count)`` and ``_write_rows(rows)`` (copies a 2-D NumPy array over the
+    buffer's first elements, row after row)."""
+
+    def write(self, plan: Plan, part: int) -> None:
+        """Write the plan's input, parts of ``part`` elements, at the start."""
+        if plan.source is None:
+            self.fill(plan.constant, part)
+        else:
+            self._write_rows(plan.source[:, :part])
+
+
+class NumpyBuffer(_Buffer):
     """A NumPy array of ``count`` elements, filled with ones."""
 
     kind = "numpy"
@@ -236,13 +251,8 @@ class NumpyBuffer:
         """The first ``count`` elements (no copy)."""
         return self.array[:count]
 
-    def write(self, plan: Plan, part: int) -> None:
-        """Write the plan's input, parts of ``part`` elements, at the start."""
-        if plan.source is None:
-            self.fill(plan.constant, part)
-        else:
-            rows = len(plan.source)
-            self.array[: rows * part].reshape(rows, part)[:] = plan.source[:, :part]
+    def _write_rows(self, rows: np.ndarray) -> None:
+        self.array[: rows.size].reshape(rows.shape)[:] = rows
 
     def fill(self, value: int, count: int) -> None:
         """Set the first ``count`` elements to ``value``."""
@@ -253,7 +263,7 @@ class NumpyBuffer:
         return self.array[start:stop].astype(np.float64)
 
 
-class TorchBuffer:
+class TorchBuffer(_Buffer):
     """A torch CPU tensor of ``count`` elements, filled with ones: a view of a NumPy array
     (of uint16 reinterpreted as bfloat16, which NumPy lacks)."""
 
@@ -272,14 +282,8 @@ class TorchBuffer:
         """The first ``count`` elements (no copy)."""
         return self.tensor[:count]
 
-    def write(self, plan: Plan, part: int) -> None:
-        """Write the plan's input, parts of ``part`` elements, at the start."""
-        if plan.source is None:
-            self.fill(plan.constant, part)
-        else:
-            rows = len(plan.source)
-            source = self._torch.from_numpy(plan.source[:, :part])
-            self.tensor[: rows * part].view(rows, part).copy_(source)
+    def _write_rows(self, rows: np.ndarray) -> None:
+        self.tensor[: rows.size].view(rows.shape).copy_(self._torch.from_numpy(rows))
 
     def fill(self, value: int, count: int) -> None:
         """Set the first ``count`` elements to ``value``."""

@@ -1,18 +1,20 @@
 """The orchestrator's side: launch one system's job of ``--nproc`` local ranks, follow the
 rows its rank 0 writes, and stop it on failure or timeout.
 
-- ringtree: ``python -m ringtree.run --nproc-per-node N -m ringtree.bench ...`` (the
-  launcher hosts the job's store); ``--algo``/``--transport`` become ``RINGTREE_ALGO`` and
-  ``RINGTREE_TRANSPORT``.
-- gloo: N processes ``python -m ringtree.bench ...`` with ``RANK``/``WORLD_SIZE`` and the
-  address of a ``torch.distributed.TCPStore`` this process hosts on a port the kernel
-  picks (no port race, nothing shared with ringtree's store); ``GLOO_SOCKET_IFNAME=lo``
-  unless set, so gloo runs over loopback.
+- ringtree and gloo: ringtree's launcher (:func:`ringtree.run.command`), ``python -m
+  ringtree.run --nproc-per-node N -m ringtree.bench ...``, which gives every rank its
+  RANK, WORLD_SIZE, ... and supervises them. ``--algo``/``--transport`` become
+  ``RINGTREE_ALGO`` and ``RINGTREE_TRANSPORT``. gloo's ranks meet at a
+  ``torch.distributed.TCPStore`` this process hosts on a port the kernel picks (torch
+  cannot use the launcher's store; nothing is shared with it), named by
+  ``RINGTREE_BENCH_STORE``; ``GLOO_SOCKET_IFNAME=lo`` unless set, so gloo runs over
+  loopback.
 - mpi: ``mpirun --allow-run-as-root --oversubscribe -n N python -m ringtree.bench ...``
   (plus ``--mpirun-args``).
 
-Every launched process gets ``OMP_NUM_THREADS=1`` unless set, runs in its own session,
-and writes its output to a log file whose tail is reported when the job fails.
+The launched process (ringtree-run or mpirun) gets ``OMP_NUM_THREADS=1`` unless set, runs
+in its own session, and writes its ranks' output to a log file whose tail is reported
+when the job fails.
 """
 
 from __future__ import annotations
@@ -32,14 +34,16 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
+from .. import run
 from .options import worker_argv
 from .systems import STORE_ENV
 
-__all__ = ["LaunchResult", "availability", "run_system"]
+__all__ = ["LaunchResult", "availability", "mpirun_command", "run_system"]
 
 _POLL_S = 0.05
-# Seconds a process gets to exit after SIGTERM before SIGKILL.
-_GRACE_S = 5.0
+# Seconds the launched process gets to exit after SIGTERM before SIGKILL: ringtree-run's
+# grace period for its ranks, and 2 s more for itself.
+_GRACE_S = run.GRACE_PERIOD_S + 2.0
 _LOG_TAIL_LINES = 12
 
 
@@ -70,6 +74,12 @@ def availability(system: str) -> str | None:
     return None
 
 
+def mpirun_command(nproc: int, program: list[str], mpirun_args: list[str] | None = None) -> list[str]:
+    """The mpirun command line that runs ``program`` as ``nproc`` local ranks (also as
+    root, and with more ranks than cores), ``mpirun_args`` before the program."""
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(nproc), *(mpirun_args or []), *program]
+
+
 class _ResultReader:
     """Reads the complete JSON lines appended to the result file since the last call."""
 
@@ -87,87 +97,53 @@ class _ResultReader:
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
 
 
-def _signal_session(proc: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(proc.pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every running process's session, SIGKILL after the grace period, reap all."""
-    running = [p for p in procs if p.poll() is None]
-    for proc in running:
-        _signal_session(proc, signal.SIGTERM)
-    deadline = time.monotonic() + _GRACE_S
-    for proc in running:
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the launched process's session, SIGKILL it after the grace period; reaps."""
+    if proc.poll() is None:
+        run.signal_process_group(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            proc.wait(timeout=_GRACE_S)
         except subprocess.TimeoutExpired:
-            _signal_session(proc, signal.SIGKILL)
+            run.signal_process_group(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
-def _log_tail(paths: list[str]) -> list[str]:
-    """The last lines of every non-empty log, indented, each log under its name."""
-    lines = []
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            tail = f.read().splitlines()[-_LOG_TAIL_LINES:]
-        if tail:
-            lines.append(f"  --- {os.path.basename(path)} ---")
-            lines.extend(f"  {line}" for line in tail)
-    return lines
+def _log_tail(path: str) -> list[str]:
+    """The last lines of the log, indented, under its name (nothing for an empty log)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        tail = f.read().splitlines()[-_LOG_TAIL_LINES:]
+    return [f"  --- {os.path.basename(path)} ---", *(f"  {line}" for line in tail)] if tail else []
 
 
-def _commands(
-    system: str, args: argparse.Namespace, worker: list[str], port: int
-) -> list[tuple[list[str], dict[str, str]]]:
-    """The (command, environment) of every process to start for ``system``; ``port`` is
-    the one of the gloo job's store."""
+def _command(system: str, args: argparse.Namespace, worker: list[str], port: int) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that start ``system``'s job; ``port`` is the one of
+    the gloo job's store."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    nproc = str(args.nproc)
-    bench = [sys.executable, "-m", "ringtree.bench", *worker]
+    if system == "mpi":
+        bench = [sys.executable, "-m", "ringtree.bench", *worker]
+        return mpirun_command(args.nproc, bench, shlex.split(args.mpirun_args)), env
     if system == "ringtree":
         if args.algo is not None:
             env["RINGTREE_ALGO"] = args.algo
         if args.transport is not None:
             env["RINGTREE_TRANSPORT"] = args.transport
-        launcher = [sys.executable, "-m", "ringtree.run", "--nproc-per-node", nproc, "-m", "ringtree.bench"]
-        return [([*launcher, *worker], env)]
-    if system == "mpi":
-        mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", nproc]
-        return [([*mpirun, *shlex.split(args.mpirun_args), *bench], env)]
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env[STORE_ENV] = f"127.0.0.1:{port}"
-    ranks = range(args.nproc)
-    return [
-        (bench, dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=nproc, LOCAL_WORLD_SIZE=nproc))
-        for r in ranks
-    ]
-
-
-def _describe_exit(code: int) -> str:
-    """A ``Popen.returncode`` in words (negative: killed by that signal)."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"signal {-code}"
+    else:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env[STORE_ENV] = f"127.0.0.1:{port}"
+    return run.command(args.nproc, ["ringtree.bench", *worker], module=True), env
 
 
 def _follow(
-    procs: list[subprocess.Popen],
-    labels: list[str],
+    proc: subprocess.Popen,
+    label: str,
     reader: _ResultReader,
     result: LaunchResult,
     on_record: Callable[[dict[str, Any]], None] | None,
     deadline: float,
 ) -> str | None:
-    """Collect records into ``result`` until every process has exited; returns None on
-    success, else what went wrong (a process failed, rank 0 did not finish, timeout)."""
+    """Collect records into ``result`` until the launched process has exited; returns None
+    on success, else what went wrong (it failed, rank 0 did not finish, timeout)."""
     done = False
 
     def drain() -> None:
@@ -187,13 +163,11 @@ def _follow(
 
     while True:
         drain()
-        codes = [proc.poll() for proc in procs]
-        for label, code in zip(labels, codes):
-            if code not in (None, 0):
-                drain()
-                return f"{label} ended with {_describe_exit(code)}"
-        if all(code == 0 for code in codes):
+        code = proc.poll()
+        if code is not None:
             drain()
+            if code != 0:
+                return f"{label}: {run.describe_status(code)}"
             return None if done else "rank 0 exited without finishing"
         if time.monotonic() > deadline:
             return "timed out (--timeout)"
@@ -218,38 +192,22 @@ def run_system(
             store = dist.TCPStore(
                 "127.0.0.1", 0, None, True, timedelta(seconds=args.timeout), wait_for_workers=False
             )
-        commands = _commands(system, args, worker_argv(args, system, result_path), store.port if store else 0)
-        logs, procs = [], []
-        try:
-            for index, (command, env) in enumerate(commands):
-                log_path = os.path.join(
-                    tmp, f"{system}-{index}.log" if len(commands) > 1 else f"{system}.log"
-                )
-                logs.append(log_path)
-                with open(log_path, "wb") as log:
-                    procs.append(
-                        subprocess.Popen(
-                            command,
-                            env=env,
-                            stdin=subprocess.DEVNULL,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
-            labels = {"ringtree": ["ringtree-run"], "mpi": ["mpirun"]}.get(system) or [
-                f"rank {i}" for i in range(len(procs))
-            ]
-            failure = _follow(
-                procs, labels, _ResultReader(result_path), result, on_record, start + args.timeout
+        command, env = _command(system, args, worker_argv(args, system, result_path), store.port if store else 0)
+        log_path = os.path.join(tmp, f"{system}.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        label = "mpirun" if system == "mpi" else "ringtree-run"
+        try:
+            failure = _follow(proc, label, _ResultReader(result_path), result, on_record, start + args.timeout)
         finally:
-            _stop(procs)
+            _stop(proc)
         if failure is None:
             result.status = "ok"
         else:
             result.notes.append(f"{system}: failed: {failure}")
-            result.notes.extend(_log_tail(logs))
+            result.notes.extend(_log_tail(log_path))
         del store  # the last reference: stops the gloo job's store server
     result.seconds = time.monotonic() - start
     return result

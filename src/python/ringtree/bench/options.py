@@ -18,6 +18,7 @@ __all__ = [
     "DTYPES",
     "REDOPS",
     "SYSTEMS",
+    "TOOLS",
     "Collective",
     "DType",
     "build_parser",
@@ -28,6 +29,14 @@ __all__ = [
 ]
 
 PROG = "ringtree-bench"
+#: The measurements other than the collective sweep: ``ringtree-bench NAME ...`` runs the
+#: ``main`` of the module of this package named here (see cli.main).
+TOOLS = {
+    "call-overhead": "call_overhead",
+    "failure-table": "failure_table",
+    "p2p-pingpong": "p2p_pingpong",
+    "startup": "startup",
+}
 SYSTEMS = ("ringtree", "gloo", "mpi")
 REDOPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
 _REDOP_ALIASES = {"product": "prod", "mean": "avg"}
@@ -62,8 +71,8 @@ class Collective:
     name: str
     functions: tuple[str, ...]
     busbw_factor: Callable[[int], float] | None
-    uses_redop: bool
-    uses_root: bool
+    uses_redop: bool = False
+    uses_root: bool = False
     layout: str = "in_place"
     aliases: tuple[str, ...] = ()
     transfers_per_call: int = 1
@@ -104,63 +113,24 @@ def _unit_factor(world_size: int) -> float:
 COLLECTIVES = {
     c.name: c
     for c in (
-        Collective(
-            "allreduce",
-            ("all_reduce",),
-            _allreduce_factor,
-            uses_redop=True,
-            uses_root=False,
-            aliases=("all_reduce",),
-        ),
-        Collective("broadcast", ("broadcast",), _unit_factor, uses_redop=False, uses_root=True),
+        Collective("allreduce", ("all_reduce",), _allreduce_factor, uses_redop=True, aliases=("all_reduce",)),
+        Collective("broadcast", ("broadcast",), _unit_factor, uses_root=True),
         Collective("reduce", ("reduce",), _unit_factor, uses_redop=True, uses_root=True),
-        Collective("barrier", ("barrier",), None, uses_redop=False, uses_root=False),
+        Collective("barrier", ("barrier",), None),
         Collective(
-            "allgather",
-            ("all_gather_single",),
-            _all_but_own_part_factor,
-            uses_redop=False,
-            uses_root=False,
-            layout="gather",
+            "allgather", ("all_gather_single",), _all_but_own_part_factor, layout="gather",
             aliases=("all_gather", "all_gather_single", "all_gather_into_tensor"),
         ),
         Collective(
-            "reduce_scatter",
-            ("reduce_scatter_single",),
-            _all_but_own_part_factor,
-            uses_redop=True,
-            uses_root=False,
-            layout="scatter",
+            "reduce_scatter", ("reduce_scatter_single",), _all_but_own_part_factor, uses_redop=True, layout="scatter",
             aliases=("reducescatter", "reduce_scatter_single", "reduce_scatter_tensor"),
         ),
         Collective(
-            "alltoall",
-            ("all_to_all_single",),
-            _all_but_own_part_factor,
-            uses_redop=False,
-            uses_root=False,
-            layout="exchange",
+            "alltoall", ("all_to_all_single",), _all_but_own_part_factor, layout="exchange",
             aliases=("all_to_all", "all_to_all_single"),
         ),
-        Collective(
-            "sendrecv",
-            ("isend", "irecv"),
-            _unit_factor,
-            uses_redop=False,
-            uses_root=False,
-            layout="copy",
-            min_ranks=2,
-        ),
-        Collective(
-            "pingpong",
-            ("send", "recv"),
-            _unit_factor,
-            uses_redop=False,
-            uses_root=False,
-            layout="copy",
-            transfers_per_call=2,
-            min_ranks=2,
-        ),
+        Collective("sendrecv", ("isend", "irecv"), _unit_factor, layout="copy", min_ranks=2),
+        Collective("pingpong", ("send", "recv"), _unit_factor, layout="copy", transfers_per_call=2, min_ranks=2),
     )
 }
 # Other spellings accepted on the command line.
@@ -314,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         "system itself; without it, it is one rank of a job started by ringtree-run, torchrun "
         "or mpirun.",
         epilog="example: ringtree-bench allreduce allgather reduce_scatter alltoall sendrecv --nproc 4 "
-        "-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3",
+        f"-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3. Other measurements: {PROG} "
+        f"{{{','.join(TOOLS)}}} ... (each with its own --help).",
     )
     parser.add_argument(
         "collectives",

@@ -121,13 +121,18 @@ def median_rows(runs: list[list[dict[str, Any]]], world_size: int) -> list[dict[
     return medians
 
 
+def _by_magnitude(value: float, formats: tuple[tuple[float, str], ...], otherwise: str) -> str:
+    """``value`` in the format of the first (lower bound, format) pair whose bound it
+    reaches, else (smaller values, NaN) in ``otherwise``."""
+    for bound, spec in formats:
+        if value >= bound:
+            return format(value, spec)
+    return format(value, otherwise)
+
+
 def _time_text(us: float) -> str:
     """nccl-tests' time format: fewer decimals as the time grows."""
-    if us >= 10000.0:
-        return f"{us:7.0f}"
-    if us >= 100.0:
-        return f"{us:7.1f}"
-    return f"{us:7.2f}"
+    return _by_magnitude(us, ((10000.0, "7.0f"), (100.0, "7.1f")), "7.2f")
 
 
 def _bw_text(value: float | None) -> str:
@@ -136,11 +141,7 @@ def _bw_text(value: float | None) -> str:
 
 def _ratio_text(ratio: float) -> str:
     """Two decimals, fewer for large ratios, two significant digits for small ones."""
-    if ratio >= 100.0:
-        return f"{ratio:.0f}"
-    if ratio >= 0.1:
-        return f"{ratio:.2f}"
-    return f"{ratio:.2g}"
+    return _by_magnitude(ratio, ((100.0, ".0f"), (0.1, ".2f")), ".2g")
 
 
 def settings_line(args: argparse.Namespace) -> str:

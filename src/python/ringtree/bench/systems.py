@@ -6,8 +6,8 @@ Every adapter offers the same small surface: ``rank``, ``world_size``, ``new_buf
 one blocking call of the collective, so that the timed loop costs the same for every
 system; ``send_buf is recv_buf`` for an in-place collective), ``barrier``, ``gather``
 (rank 0 gets a list by rank, the others None), ``describe`` and ``close``. Adding a
-collective means adding its branch to :func:`_torch_style_operation` and to
-``MpiSystem.operation``.
+collective means adding its branch to ``_TorchStyleSystem.operation`` (ringtree and gloo)
+and to ``MpiSystem.operation``.
 
 - ringtree: ``ringtree.init_process_group()`` (env://, as set up by ringtree-run), torch
   CPU tensors (NumPy arrays when torch is missing), results gathered through the group's
@@ -79,96 +79,59 @@ def have_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def _torch_style_operation(
-    dist: Any,
-    rank: int,
-    world_size: int,
-    collective: Collective,
-    send_buf: Any,
-    recv_buf: Any,
-    op: Any,
-    root: int,
+# The torch.distributed ReduceOp member of each reduction name of the command line.
+_TORCH_REDUCE_OPS = {
+    "sum": "SUM",
+    "prod": "PRODUCT",
+    "min": "MIN",
+    "max": "MAX",
+    "avg": "AVG",
+    "band": "BAND",
+    "bor": "BOR",
+    "bxor": "BXOR",
+}
+
+
+def _neighbours(rank: int, world_size: int) -> tuple[int, int]:
+    """sendrecv's peers: the rank sent to (rank + 1) and the rank received from (rank - 1)."""
+    return (rank + 1) % world_size, (rank - 1) % world_size
+
+
+def _pingpong(
+    rank: int, send: Callable[[Any, int], Any], recv: Callable[[Any, int], Any], send_buf: Any, recv_buf: Any
 ) -> Callable[[], Any]:
-    """One blocking call of ``collective`` through ``dist``, ringtree or
-    torch.distributed (the same signatures)."""
-    name = collective.name
-    if name == "allreduce":
-        return lambda: dist.all_reduce(recv_buf, op=op)
-    if name == "broadcast":
-        return lambda: dist.broadcast(recv_buf, src=root)
-    if name == "reduce":
-        return lambda: dist.reduce(recv_buf, dst=root, op=op)
-    if name == "barrier":
-        return dist.barrier
-    if name == "allgather":
-        return lambda: dist.all_gather_single(recv_buf, send_buf)
-    if name == "reduce_scatter":
-        return lambda: dist.reduce_scatter_single(recv_buf, send_buf, op=op)
-    if name == "alltoall":
-        return lambda: dist.all_to_all_single(recv_buf, send_buf)
-    if name == "sendrecv":
-        to_rank, from_rank = (rank + 1) % world_size, (rank - 1) % world_size
+    """One round trip of pingpong: rank 0 sends ``send_buf`` to rank 1 and receives into
+    ``recv_buf``; rank 1 receives into ``recv_buf`` and sends it back; other ranks idle."""
+    if rank == 0:
 
-        def sendrecv() -> None:
-            sent = dist.isend(send_buf, to_rank)
-            received = dist.irecv(recv_buf, from_rank)
-            sent.wait()
-            received.wait()
+        def ping() -> None:
+            send(send_buf, 1)
+            recv(recv_buf, 1)
 
-        return sendrecv
-    if name == "pingpong":
-        if rank == 0:
+        return ping
+    if rank == 1:
 
-            def ping() -> None:
-                dist.send(send_buf, 1)
-                dist.recv(recv_buf, 1)
+        def pong() -> None:
+            recv(recv_buf, 0)
+            send(recv_buf, 0)
 
-            return ping
-        if rank == 1:
-
-            def pong() -> None:
-                dist.recv(recv_buf, 0)
-                dist.send(recv_buf, 0)
-
-            return pong
-        return _idle
-    raise ValueError(f"no operation for {name}")
+        return pong
+    return _idle
 
 
 def _idle() -> None:
     """The operation of a rank that takes no part (pingpong beyond ranks 0 and 1)."""
 
 
-class RingtreeSystem:
-    """One rank of a ringtree job."""
+class _TorchStyleSystem:
+    """What ringtree and gloo share: the same torch.distributed calls through ``_dist``
+    (``ringtree`` or ``torch.distributed``), which the subclass initialises first."""
 
-    name = "ringtree"
-
-    def __init__(self, timeout: timedelta) -> None:
-        import ringtree
-
-        self._rt = ringtree
-        ringtree.init_process_group(timeout=timeout)
-        self.rank = ringtree.get_rank()
-        self.world_size = ringtree.get_world_size()
-        self._store = ringtree.group.WORLD.store
-        self._gathers = 0
-        self._ops = {
-            "sum": ringtree.ReduceOp.SUM,
-            "prod": ringtree.ReduceOp.PRODUCT,
-            "min": ringtree.ReduceOp.MIN,
-            "max": ringtree.ReduceOp.MAX,
-            "avg": ringtree.ReduceOp.AVG,
-            "band": ringtree.ReduceOp.BAND,
-            "bor": ringtree.ReduceOp.BOR,
-            "bxor": ringtree.ReduceOp.BXOR,
-        }
-        self._torch = have_torch()
-
-    def new_buffer(self, dtype: DType, count: int):  # noqa: ANN201
-        from .data import NumpyBuffer, TorchBuffer
-
-        return TorchBuffer(dtype, count) if self._torch else NumpyBuffer(dtype, count)
+    def __init__(self, dist: Any) -> None:
+        self._dist = dist
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._ops = {name: getattr(dist.ReduceOp, member) for name, member in _TORCH_REDUCE_OPS.items()}
 
     def reduce_op(self, op: str) -> Any:
         return self._ops[op]
@@ -176,12 +139,61 @@ class RingtreeSystem:
     def operation(
         self, collective: Collective, send_buf: Any, recv_buf: Any, op: Any, root: int
     ) -> Callable[[], Any]:
-        return _torch_style_operation(
-            self._rt, self.rank, self.world_size, collective, send_buf, recv_buf, op, root
-        )
+        """One blocking call of ``collective``."""
+        dist, name = self._dist, collective.name
+        if name == "allreduce":
+            return lambda: dist.all_reduce(recv_buf, op=op)
+        if name == "broadcast":
+            return lambda: dist.broadcast(recv_buf, src=root)
+        if name == "reduce":
+            return lambda: dist.reduce(recv_buf, dst=root, op=op)
+        if name == "barrier":
+            return dist.barrier
+        if name == "allgather":
+            return lambda: dist.all_gather_single(recv_buf, send_buf)
+        if name == "reduce_scatter":
+            return lambda: dist.reduce_scatter_single(recv_buf, send_buf, op=op)
+        if name == "alltoall":
+            return lambda: dist.all_to_all_single(recv_buf, send_buf)
+        if name == "sendrecv":
+            to_rank, from_rank = _neighbours(self.rank, self.world_size)
+
+            def sendrecv() -> None:
+                sent = dist.isend(send_buf, to_rank)
+                received = dist.irecv(recv_buf, from_rank)
+                sent.wait()
+                received.wait()
+
+            return sendrecv
+        if name == "pingpong":
+            return _pingpong(self.rank, dist.send, dist.recv, send_buf, recv_buf)
+        raise ValueError(f"no operation for {name}")
 
     def barrier(self) -> None:
-        self._rt.barrier()
+        self._dist.barrier()
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+class RingtreeSystem(_TorchStyleSystem):
+    """One rank of a ringtree job."""
+
+    name = "ringtree"
+
+    def __init__(self, timeout: timedelta) -> None:
+        import ringtree
+
+        ringtree.init_process_group(timeout=timeout)
+        super().__init__(ringtree)
+        self._store = ringtree.group.WORLD.store
+        self._gathers = 0
+        self._torch = have_torch()
+
+    def new_buffer(self, dtype: DType, count: int):  # noqa: ANN201
+        from .data import NumpyBuffer, TorchBuffer
+
+        return TorchBuffer(dtype, count) if self._torch else NumpyBuffer(dtype, count)
 
     def gather(self, obj: Any) -> list[Any] | None:
         """Through the store: each rank sets a key, rank 0 reads them all."""
@@ -195,16 +207,13 @@ class RingtreeSystem:
     def describe(self) -> dict[str, Any]:
         env = {k: os.environ[k] for k in ("RINGTREE_ALGO", "RINGTREE_TRANSPORT") if k in os.environ}
         return {
-            "version": f"ringtree {self._rt.__version__}",
+            "version": f"ringtree {self._dist.__version__}",
             "buffers": "torch" if self._torch else "numpy",
             "env": env,
         }
 
-    def close(self) -> None:
-        self._rt.destroy_process_group()
 
-
-class GlooSystem:
+class GlooSystem(_TorchStyleSystem):
     """One rank of a torch.distributed job on the gloo backend."""
 
     name = "gloo"
@@ -214,7 +223,6 @@ class GlooSystem:
         import torch.distributed as dist
 
         self._torch = torch
-        self._dist = dist
         spec = os.environ.get(STORE_ENV)
         if spec:
             host, _, port = spec.rpartition(":")
@@ -224,36 +232,12 @@ class GlooSystem:
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
             dist.init_process_group("gloo", timeout=timeout)
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self._ops = {
-            "sum": dist.ReduceOp.SUM,
-            "prod": dist.ReduceOp.PRODUCT,
-            "min": dist.ReduceOp.MIN,
-            "max": dist.ReduceOp.MAX,
-            "avg": dist.ReduceOp.AVG,
-            "band": dist.ReduceOp.BAND,
-            "bor": dist.ReduceOp.BOR,
-            "bxor": dist.ReduceOp.BXOR,
-        }
+        super().__init__(dist)
 
     def new_buffer(self, dtype: DType, count: int):  # noqa: ANN201
         from .data import TorchBuffer
 
         return TorchBuffer(dtype, count)
-
-    def reduce_op(self, op: str) -> Any:
-        return self._ops[op]
-
-    def operation(
-        self, collective: Collective, send_buf: Any, recv_buf: Any, op: Any, root: int
-    ) -> Callable[[], Any]:
-        return _torch_style_operation(
-            self._dist, self.rank, self.world_size, collective, send_buf, recv_buf, op, root
-        )
-
-    def barrier(self) -> None:
-        self._dist.barrier()
 
     def gather(self, obj: Any) -> list[Any] | None:
         out: list[Any] = [None] * self.world_size
@@ -262,9 +246,6 @@ class GlooSystem:
 
     def describe(self) -> dict[str, Any]:
         return {"version": f"torch {self._torch.__version__} gloo", "buffers": "torch", "env": {}}
-
-    def close(self) -> None:
-        self._dist.destroy_process_group()
 
 
 class MpiSystem:
@@ -303,8 +284,7 @@ class MpiSystem:
     def operation(
         self, collective: Collective, send_buf: Any, recv_buf: Any, op: Any, root: int
     ) -> Callable[[], Any]:
-        comm, in_place, name = self._comm, self._mpi.IN_PLACE, collective.name
-        rank, world_size = self.rank, self.world_size
+        comm, in_place, name, rank = self._comm, self._mpi.IN_PLACE, collective.name, self.rank
         if name == "allreduce":
             return lambda: comm.Allreduce(in_place, recv_buf, op)
         if name == "reduce":
@@ -326,24 +306,10 @@ class MpiSystem:
         if name == "alltoall":
             return lambda: comm.Alltoall(send_bytes, recv_bytes)
         if name == "sendrecv":
-            to_rank, from_rank = (rank + 1) % world_size, (rank - 1) % world_size
+            to_rank, from_rank = _neighbours(self.rank, self.world_size)
             return lambda: comm.Sendrecv(send_bytes, to_rank, recvbuf=recv_bytes, source=from_rank)
         if name == "pingpong":
-            if rank == 0:
-
-                def ping() -> None:
-                    comm.Send(send_bytes, 1)
-                    comm.Recv(recv_bytes, 1)
-
-                return ping
-            if rank == 1:
-
-                def pong() -> None:
-                    comm.Recv(recv_bytes, 0)
-                    comm.Send(recv_bytes, 0)
-
-                return pong
-            return _idle
+            return _pingpong(self.rank, comm.Send, comm.Recv, send_bytes, recv_bytes)
         raise ValueError(f"mpi: no operation for {name}")
 
     def barrier(self) -> None:
