@@ -100,7 +100,7 @@ def test_messages_name_the_call_and_argument(world1):
         dist.all_to_all_single(torch.zeros(2), torch.zeros(2), None, [3])
     with pytest.raises(ValueError, match=r"output_split_sizes must hold one size per rank of the group \(1\), got 2"):
         dist.all_to_all_single(torch.zeros(2), torch.zeros(2), [1, 1], None)
-    with pytest.raises(ValueError, match="input_split_sizes must be non-negative ints, got .-1."):
+    with pytest.raises(ValueError, match="input_split_sizes must be non-negative, got -1 at index 0"):
         dist.all_to_all_single(torch.zeros(2), torch.zeros(2), None, [-1])
     with pytest.raises(ValueError, match="does not support ReduceOp.MIN on complex64"):
         dist.reduce_scatter_single(torch.zeros(1, dtype=torch.complex64), torch.zeros(1, dtype=torch.complex64),

@@ -12,7 +12,6 @@ CollectiveMismatchError.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 from ._C import Work
@@ -36,16 +35,6 @@ __all__ = [
 
 def _deprecated(old: str, new: str) -> None:
     warnings.warn(f"`ringtree.{old}` is deprecated. Please use `ringtree.{new}` instead.", FutureWarning, stacklevel=3)
-
-
-def _check_root_list(is_root: bool, tensors: Sequence[Any] | None, name: str, root_name: str) -> None:
-    """torch's rule for gather_list/scatter_list: given (not None nor empty) on the root only.
-    Anything but a list or tuple counts as given (the engine then refuses it)."""
-    given = tensors is not None and not (isinstance(tensors, (list, tuple)) and len(tensors) == 0)
-    if is_root and not given:
-        raise ValueError(f"Argument ``{name}`` must be specified on {root_name} rank.")
-    if not is_root and given:
-        raise ValueError(f"Argument ``{name}`` must NOT be specified on non-{root_name} ranks.")
 
 
 def all_gather(
@@ -170,7 +159,6 @@ def gather(
     if pg is None:
         return None
     root = resolve_root(pg, dst, group_dst, "dst")
-    _check_root_list(pg.rank() == root, gather_list, "gather_list", "destination")
     return pg.engine.gather(tensor, gather_list, root, async_op, algorithm)
 
 
@@ -208,7 +196,6 @@ def scatter(
     if pg is None:
         return None
     root = resolve_root(pg, src, group_src, "src")
-    _check_root_list(pg.rank() == root, scatter_list, "scatter_list", "source")
     return pg.engine.scatter(tensor, scatter_list, root, async_op, algorithm)
 
 
@@ -344,17 +331,6 @@ def all_to_all(
     return pg.engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
 
 
-def _split_sizes(split_sizes: Sequence[int] | None, name: str) -> list[int] | None:
-    """``split_sizes`` as a list of ints for the engine, which checks them against the
-    buffer's dim 0 and the group size; None or empty means equal parts."""
-    if not split_sizes:
-        return None
-    sizes = list(split_sizes)
-    if any(not isinstance(s, int) or s < 0 for s in sizes):
-        raise ValueError(f"all_to_all_single: {name}_split_sizes must be non-negative ints, got {sizes}")
-    return sizes
-
-
 def all_to_all_single(
     output: Any,
     input: Any,  # noqa: A002 (torch's name)
@@ -390,11 +366,4 @@ def all_to_all_single(
     pg = member_group(group, "all_to_all_single")
     if pg is None:
         return None
-    return pg.engine.alltoall_single(
-        output,
-        input,
-        _split_sizes(output_split_sizes, "output"),
-        _split_sizes(input_split_sizes, "input"),
-        async_op,
-        algorithm,
-    )
+    return pg.engine.alltoall_single(output, input, output_split_sizes, input_split_sizes, async_op, algorithm)
