@@ -282,6 +282,17 @@ TYPED_TEST(StoreContractTest, AddOnNonIntegerValueIsInvalidArgument) {
   }
 }
 
+TYPED_TEST(StoreContractTest, AddThatOverflowsIsInvalidArgumentAndStoresNothing) {
+  Store& s = this->store();
+  s.set("big", bytes("9223372036854775807"));
+  const std::string message = messageOf<InvalidArgument>([&] { s.add("big", 1); });
+  EXPECT_TRUE(contains(message, "big' holds 9223372036854775807; adding 1 overflows int64")) << message;
+  EXPECT_EQ(s.get("big"), bytes("9223372036854775807"));
+  s.set("text", bytes("abc"));
+  const std::string notCounter = messageOf<InvalidArgument>([&] { s.add("text", 1); });
+  EXPECT_TRUE(contains(notCounter, "text' does not hold a decimal int64 counter")) << notCounter;
+}
+
 TYPED_TEST(StoreContractTest, CompareSetOnMissingKeyWithEmptyExpectedSets) {
   Store& s = this->store();
   EXPECT_EQ(s.compareSet("key", {}, bytes("desired")), bytes("desired"));
