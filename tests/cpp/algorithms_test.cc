@@ -20,6 +20,7 @@
 
 #include "algorithms/reduce_ops.h"
 #include "communicator_impl.h"
+#include "harness/mismatch.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "harness/typed_values.h"
@@ -184,7 +185,7 @@ TEST_P(AlgorithmGrid, EveryCaseIsExact) {
 
 std::string gridName(const ::testing::TestParamInfo<std::tuple<TransportKind, int>>& info) {
   const auto [transport, n] = info.param;
-  return std::string(transport == TransportKind::kTcp ? "tcp" : "shm") + "_" + std::to_string(n) + "ranks";
+  return std::string(test::kindName(transport)) + "_" + std::to_string(n) + "ranks";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tcp, AlgorithmGrid,
@@ -281,8 +282,8 @@ TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
 // ---------------------------------------------------------------------------------------
 // shm_direct and the node arena.
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
+using test::contains;
+using test::expectMismatchOnBothRanks;
 using test::ScopedEnv;
 
 TEST(ShmDirect, ArenaExistsExactlyWhenEveryPairIsShm) {
@@ -445,26 +446,8 @@ TEST(ShmDirect, MinAndMaxFoldInRankOrder) {
   }
 }
 
-void expectMismatchOnBothRanks(const std::function<void(int rank, Communicator&)>& call,
-                               const std::vector<std::string>& expected) {
-  std::vector<std::string> messages(2);
-  test::runCommunicators(2, [&](int rank, Communicator& comm) {
-    try {
-      call(rank, comm);
-      ADD_FAILURE() << "rank " << rank << " did not detect the mismatch";
-    } catch (const CollectiveMismatchError& e) {
-      messages[static_cast<size_t>(rank)] = e.what();
-    }
-    EXPECT_THROW(barrier(comm), Error);  // unusable afterwards
-  }, test::testOptions(TransportKind::kShm, std::chrono::seconds(10)));
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "rank 0") && contains(m, "rank 1")) << m;
-    for (const auto& part : expected) EXPECT_TRUE(contains(m, part)) << m;
-  }
-}
-
 TEST(ShmDirect, MismatchedCollectivesFailOnBothRanksNamingBothCalls) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<float> data(16, 1.0f);
     if (rank == 0) {
       AllreduceOptions o;
@@ -479,7 +462,7 @@ TEST(ShmDirect, MismatchedCollectivesFailOnBothRanksNamingBothCalls) {
 }
 
 TEST(ShmDirect, CountMismatchIsReported) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<int32_t> data(16, 1);
     AllreduceOptions o;
     o.algorithm = Algorithm::kShmDirect;
@@ -488,7 +471,7 @@ TEST(ShmDirect, CountMismatchIsReported) {
 }
 
 TEST(ShmDirect, BarrierAgainstAllreduceIsReported) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<float> data(3, 1.0f);
     if (rank == 0) {
       barrier(comm);
@@ -503,7 +486,7 @@ TEST(ShmDirect, BarrierAgainstAllreduceIsReported) {
 // One rank over the arena, the other over the pairs: the arena side sees the other's
 // published call and tells it over the pair.
 TEST(ShmDirect, ArenaAgainstPairAlgorithmIsReported) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<float> data(64, 1.0f);
     AllreduceOptions o;
     o.algorithm = rank == 0 ? Algorithm::kShmDirect : Algorithm::kRing;

@@ -12,10 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <functional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +24,7 @@
 
 #include "communicator_impl.h"
 #include "harness/process_harness.h"
+#include "harness/test_util.h"
 #include "transport/shm/arena.h"
 
 namespace ringtree {
@@ -36,22 +35,13 @@ using transport::Envelope;
 using transport::shm::NodeArena;
 using Clock = std::chrono::steady_clock;
 using test::ChildResult;
+using test::contains;
+using test::devShmEntries;
 using test::runProcesses;
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Another mapping of `arena`'s segment, as `rank` (what a peer process would have).
 std::shared_ptr<NodeArena> attachCopy(const NodeArena& arena, int rank) {
   return NodeArena::attach(net::Socket(::dup(arena.descriptor())), rank, arena.size(), arena.slotBytes());
-}
-
-std::set<std::string> devShmEntries() {
-  std::set<std::string> names;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
 }
 
 TEST(NodeArena, RanksShareOneSegment) {

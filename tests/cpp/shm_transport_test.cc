@@ -44,12 +44,14 @@
 #include "transport/shm/protocol.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/unix_socket.h"
+#include "harness/test_util.h"
 
 namespace ringtree::transport::shm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using test::devShmEntries;
 
 // Longest any single wait in a test may take.
 constexpr milliseconds kTimeout(10000);
@@ -671,19 +673,6 @@ TEST(ShmPairTest, DataPublishedBeforeCloseIsStillDelivered) {
   std::vector<uint8_t> more(5);
   pairs.rank1->postRecv(envelope(9), more.data(), more.size());
   EXPECT_THROW(waitIdle(*pairs.rank1), NetworkError);
-}
-
-std::set<std::string> devShmEntries() {
-  std::set<std::string> names;
-  if (DIR* dir = ::opendir("/dev/shm")) {
-    while (dirent* entry = ::readdir(dir)) {
-      const std::string name = entry->d_name;
-      // POSIX semaphores of unrelated processes come and go; ringtree creates none.
-      if (name != "." && name != ".." && name.rfind("sem.", 0) != 0) names.insert(name);
-    }
-    ::closedir(dir);
-  }
-  return names;
 }
 
 // Descriptors and mappings of ringtree segments held by this process.

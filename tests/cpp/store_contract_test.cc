@@ -49,15 +49,8 @@ constexpr auto kSetterDelay = 100ms;
 
 Bytes bytes(const std::string& s) { return toBytes(s); }
 
-std::chrono::milliseconds elapsedSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-
+using test::contains;
+using test::elapsedSince;
 using test::messageOf;
 using test::TempDir;
 

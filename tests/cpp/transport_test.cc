@@ -48,13 +48,18 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using test::ChildResult;
+using test::contains;
+using test::elapsedSince;
+using test::kindName;
 using test::messageOf;
 using test::ScopedEnv;
 using test::RankFailure;
 using test::runProcesses;
 using test::runCommunicators;
 using test::runOnThreads;
+using test::SetOnExit;
 using test::testOptions;
+using test::waitForFlag;
 using transport::Accumulate;
 using transport::Envelope;
 using transport::EnvelopeMismatch;
@@ -65,12 +70,6 @@ const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 16 * kMiB};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-std::chrono::milliseconds elapsedSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Deterministic bytes that differ for every (seed, position): a wrong offset, a swapped
 // message or a stale buffer all show up. Cheap (one add per word), since the mesh tests
@@ -138,15 +137,6 @@ void waitAll(Communicator& c, const std::vector<Pair*>& pairs, std::chrono::mill
 }
 
 
-// Waits until another rank's thread sets flag; throws after timeout (that thread failed).
-void waitForFlag(const std::atomic<bool>& flag, std::chrono::milliseconds timeout = 20s) {
-  const auto deadline = Clock::now() + timeout;
-  while (!flag.load()) {
-    if (Clock::now() > deadline) throw std::runtime_error("the other rank never got there");
-    std::this_thread::sleep_for(1ms);
-  }
-}
-
 // Every rank sends a distinct pattern of each size to every peer while receiving from
 // every peer, all posted before waiting (both directions of each pair at once). The
 // buffers are allocated once; every size has its own patterns, so bytes that a receive
@@ -181,15 +171,6 @@ void exchangeEverySize(Communicator& c) {
           << "rank " << rank << " from " << peer << ", " << bytes << " bytes";
     }
   }
-}
-
-const char* kindName(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kAuto: return "auto";
-    case TransportKind::kTcp: return "tcp";
-    case TransportKind::kShm: return "shm";
-  }
-  return "?";
 }
 
 // The pair kind every peer of a same-host (thread or process) communicator gets.
@@ -426,19 +407,6 @@ TEST_P(PairTest, WaitIdleTimeoutNamesPeer) {
     EXPECT_TRUE(contains(message, "timed out after")) << message;
   });
 }
-
-// Sets a flag when it goes out of scope, however the scope ends: keeps a rank that waits
-// for it from waiting out its timeout after a failed expectation.
-class SetOnExit {
- public:
-  explicit SetOnExit(std::atomic<bool>& flag) : flag_(flag) {}
-  ~SetOnExit() { flag_ = true; }
-  SetOnExit(const SetOnExit&) = delete;
-  SetOnExit& operator=(const SetOnExit&) = delete;
-
- private:
-  std::atomic<bool>& flag_;
-};
 
 TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
   // Rank 1 expects `a` but rank 0 sends `b`: rank 1 gives up and sends a notice, which

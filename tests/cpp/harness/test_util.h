@@ -2,13 +2,69 @@
 
 // Small helpers shared by the C++ test programs.
 
+#include <dirent.h>
+
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace ringtree::test {
+
+// True when part occurs in text.
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Whole milliseconds since start, on the steady clock.
+inline std::chrono::milliseconds elapsedSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+}
+
+// Waits until another thread sets flag; throws std::runtime_error after timeout (that
+// thread failed before it got there).
+inline void waitForFlag(const std::atomic<bool>& flag,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!flag.load()) {
+    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the other rank never got there");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Sets a flag when it goes out of scope, however the scope ends: keeps a thread that waits
+// for it (waitForFlag) from waiting out its timeout after a failed expectation.
+class SetOnExit {
+ public:
+  explicit SetOnExit(std::atomic<bool>& flag) : flag_(flag) {}
+  ~SetOnExit() { flag_ = true; }
+  SetOnExit(const SetOnExit&) = delete;
+  SetOnExit& operator=(const SetOnExit&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
+// The names in /dev/shm now, less POSIX semaphores ("sem.*", which unrelated processes
+// create and remove at any time; ringtree creates none): ringtree names no segment there,
+// so a test compares this set before and after.
+inline std::set<std::string> devShmEntries() {
+  std::set<std::string> names;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != ".." && name.rfind("sem.", 0) != 0) names.insert(name);
+    }
+    ::closedir(dir);
+  }
+  return names;
+}
 
 // Sets an environment variable for the lifetime of the object and restores the previous
 // state after it. Set it before ranks start and let it go after they are joined: getenv

@@ -73,6 +73,16 @@ inline std::shared_ptr<Store> freshStore() {
   return std::make_shared<PrefixStore>("thread_harness/" + std::to_string(next++), shared);
 }
 
+// "auto", "tcp" or "shm": for test names and messages.
+inline const char* kindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kAuto: return "auto";
+    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kShm: return "shm";
+  }
+  return "?";
+}
+
 // Options for tests: a timeout short enough that a bug fails the test instead of hanging
 // it, long enough for a loaded two-core machine.
 inline CommunicatorOptions testOptions(TransportKind transport = TransportKind::kAuto,
