@@ -6,8 +6,8 @@
 // killed, timeouts, shutdown with pending operations, argument errors, callbacks that
 // submit more work; blocking calls mixed with asynchronous ones from other threads on
 // the same engines; Work::wait() driving progress (from the posting thread, from other
-// threads, with timeouts, in reverse order, through a killed peer). Ends with latency
-// and bandwidth figures (printed, not asserted).
+// threads, with timeouts, in reverse order, through a killed peer). (Latency and
+// bandwidth figures: benchmarks/p2p_bench.cc.)
 
 #include <signal.h>
 #include <unistd.h>
@@ -1198,78 +1198,6 @@ TEST_P(P2pProcessTest, KilledPeerFailsAWaitThatDrivesItsConnection) {
     return std::to_string(elapsedSince(start).count());
   });
   EXPECT_LT(killedPeerSeenAfterMs(results), 2000);
-}
-
-// Ping-pong between two processes: one-way latency of 8-byte messages and the bandwidth
-// of 64 MiB ones, through PointToPoint's blocking send/recv, through isend/irecv + wait,
-// and, as the baseline, through the bare pair with the caller's thread waiting (what
-// collectives do). Each figure is the best of kRepeats runs (the machine may be shared).
-// Printed, not asserted.
-TEST_P(P2pProcessTest, PingPongLatencyAndBandwidth) {
-  constexpr int kRepeats = 3;
-  const TransportKind kind = GetParam();
-  const auto results = test::runProcesses(2, [kind](int rank, std::shared_ptr<Store> store) {
-    auto communicator = Communicator::create(store, rank, 2, testOptions(kind));
-    const int peer = 1 - rank;
-    // Seconds per one-way trip of `bytes`, the best of kRepeats averages over `iterations`
-    // round trips; step(sending, buffer, bytes) moves one message.
-    const auto timeOneWay = [&](size_t bytes, int iterations, const auto& step) {
-      std::vector<uint8_t> buffer(bytes, 1);
-      double best = 1e9;
-      for (int repeat = 0; repeat < kRepeats; ++repeat) {
-        Clock::time_point start;
-        const int warmup = iterations / 10 + 1;
-        for (int i = 0; i < warmup + iterations; ++i) {
-          if (i == warmup) start = Clock::now();
-          step(rank == 0, buffer.data(), bytes);
-          step(rank != 0, buffer.data(), bytes);
-        }
-        best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iterations / 2);
-      }
-      return best;
-    };
-    const auto gbPerS = [](double seconds) { return 64.0 * kMiB / seconds / 1e9; };
-    std::string report;
-    const auto measure = [&](const char* name, const auto& step) {
-      const double small = timeOneWay(8, 3000, step);
-      const double large = timeOneWay(64 * kMiB, 4, step);
-      char text[160];
-      std::snprintf(text, sizeof(text), "%s%s %.2f us, %.2f GB/s", report.empty() ? "" : "; ", name, small * 1e6,
-                    gbPerS(large));
-      report += text;
-    };
-    transport::Pair& pair = communicator->impl().pair(peer);
-    const transport::Envelope envelope;
-    measure("pair", [&](bool sending, uint8_t* data, size_t bytes) {
-      if (sending) {
-        pair.postSend(envelope, data, bytes);
-      } else {
-        pair.postRecv(envelope, data, bytes);
-      }
-      communicator->impl().waitIdle({&pair}, net::deadlineAfter(20s));
-    });
-    // Every pair message was consumed: the engine starts on clean connections.
-    PointToPoint p2p(std::move(communicator));
-    measure("send/recv", [&](bool sending, uint8_t* data, size_t bytes) {
-      if (sending) {
-        p2p.send(data, bytes, DataType::kUInt8, peer, 0);
-      } else {
-        p2p.recv(data, bytes, DataType::kUInt8, peer, 0);
-      }
-    });
-    measure("isend/irecv+wait", [&](bool sending, uint8_t* data, size_t bytes) {
-      if (sending) {
-        p2p.isend(data, bytes, DataType::kUInt8, peer, 0)->wait();
-      } else {
-        p2p.irecv(data, bytes, DataType::kUInt8, peer, 0)->wait();
-      }
-    });
-    return report;
-  });
-  for (const auto& r : results) ASSERT_TRUE(r.exited && r.code == 0) << r.message;
-  std::printf("[ perf ] %s point-to-point, 2 processes, 8-byte one-way latency and 64 MiB bandwidth (best of 3): "
-              "%s\n",
-              kindName(kind), results[0].message.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, P2pProcessTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),

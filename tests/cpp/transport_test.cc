@@ -3,8 +3,8 @@
 // envelope and size mismatches, mismatch notices, peeking at (and waking for) the next
 // message without a posted receive, peers that close or die, waitIdle
 // deadlines, transport selection (tcp, shm, auto, environment), stray connections, and
-// the same over forked processes. Ends with latency and bandwidth figures (printed, not
-// asserted).
+// the same over forked processes. (Latency and bandwidth figures:
+// benchmarks/transport_bench.cc.)
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -889,69 +889,6 @@ TEST_P(KilledPeerTest, SigkillMidTransferFailsTheOtherSideQuickly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, KilledPeerTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
-                         [](const auto& info) { return std::string(kindName(info.param)); });
-
-// ---------------------------------------------------------------------------------------
-// Performance sanity (printed, not asserted).
-
-class PerfTest : public ::testing::TestWithParam<TransportKind> {};
-
-TEST_P(PerfTest, PingPongLatencyAndStreamingBandwidth) {
-  const TransportKind kind = GetParam();
-  double oneWayUs = 0;
-  double gbPerS = 0;
-  runCommunicators(
-      2,
-      [&](int rank, Communicator& c) {
-        Pair& pair = c.impl().pair(1 - rank);
-        uint64_t value = 0;
-        constexpr int kWarmup = 200;
-        constexpr int kIterations = 3000;
-        Clock::time_point start;
-        for (int i = 0; i < kWarmup + kIterations; ++i) {
-          if (i == kWarmup) start = Clock::now();
-          if (rank == 0) {
-            pair.postSend(envelope(static_cast<uint64_t>(i)), &value, 8);
-            pair.postRecv(envelope(static_cast<uint64_t>(i)), &value, 8);
-          } else {
-            pair.postRecv(envelope(static_cast<uint64_t>(i)), &value, 8);
-            waitAll(c, {&pair});
-            pair.postSend(envelope(static_cast<uint64_t>(i)), &value, 8);
-          }
-          waitAll(c, {&pair});
-        }
-        if (rank == 0) {
-          oneWayUs = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kIterations / 2;
-        }
-        std::vector<uint8_t> buffer(64 * kMiB, 1);
-        constexpr int kRounds = 6;
-        for (int round = 0; round < kRounds; ++round) {
-          if (round == 1) start = Clock::now();
-          if (rank == 0) {
-            pair.postSend(envelope(1000 + static_cast<uint64_t>(round)), buffer.data(), buffer.size());
-          } else {
-            pair.postRecv(envelope(1000 + static_cast<uint64_t>(round)), buffer.data(), buffer.size());
-          }
-          waitAll(c, {&pair});
-        }
-        // An 8-byte acknowledgement so that the sender's clock covers the last delivery.
-        if (rank == 0) {
-          pair.postRecv(envelope(2000), &value, 8);
-        } else {
-          pair.postSend(envelope(2000), &value, 8);
-        }
-        waitAll(c, {&pair});
-        if (rank == 0) {
-          gbPerS = static_cast<double>(buffer.size()) * (kRounds - 1) /
-                   std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
-        }
-      },
-      testOptions(kind));
-  std::printf("[ perf ] %s pair, 2 threads: 8-byte one-way latency %.2f us, 64 MiB streaming %.2f GB/s\n",
-              kindName(kind), oneWayUs, gbPerS);
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, PerfTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
                          [](const auto& info) { return std::string(kindName(info.param)); });
 
 }  // namespace
