@@ -176,7 +176,7 @@ TEST_P(AlgorithmGrid, EveryCaseIsExact) {
   const std::vector<Case> cases = casesFor(n, transport);
   test::runCommunicators(n, [&](int, Communicator& comm) {
     for (const Case& c : cases) {
-      runCase(comm, c);
+      test::runNamedCase([&] { return describe(c); }, [&] { runCase(comm, c); });
       if (::testing::Test::HasFatalFailure()) return;
     }
     barrier(comm);
@@ -388,7 +388,7 @@ TEST(ShmDirect, MixedSequencesStayExact) {
         c.maxSegmentBytes = random() % 3 == 0 ? 4096 : 0;
         if (random() % 8 == 0) barrier(comm);
         if ((random() + static_cast<unsigned>(rank)) % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
-        runCase(comm, c);
+        test::runNamedCase([&] { return describe(c); }, [&] { runCase(comm, c); });
         if (::testing::Test::HasFatalFailure()) return;
       }
     }, test::testOptions(TransportKind::kShm));

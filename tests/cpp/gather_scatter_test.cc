@@ -349,7 +349,7 @@ TEST_P(GatherScatterGrid, EveryCaseIsExact) {
   const std::vector<Case> cases = casesFor(kind, n, transport);
   test::runCommunicators(n, [&](int, Communicator& comm) {
     for (const Case& c : cases) {
-      runCase(comm, c);
+      test::runNamedCase([&] { return describe(c); }, [&] { runCase(comm, c); });
       if (::testing::Test::HasFatalFailure()) return;
     }
     barrier(comm);

@@ -128,6 +128,11 @@ def op_argument(op, case: int):
     return op if case % 2 == 0 else ReduceOp(op)
 
 
+def mode(async_op: bool) -> str:
+    """How a case ran, for its name."""
+    return "async" if async_op else "sync"
+
+
 def run(fn, *args, async_op: bool, **kwargs) -> None:
     if not async_op:
         result = fn(*args, **kwargs)
@@ -146,15 +151,39 @@ def init(rank: int, world_size: int, port: int, timeout_s: float = 60.0) -> None
                             timeout=timedelta(seconds=timeout_s))
 
 
+def last_collective() -> str:
+    """The description of the default group's latest collective call, from the flight
+    recorder (it names the algorithm that ran, the dtype, count, op and root)."""
+    try:
+        entries = dist.dump_flight_recorder()
+    except Exception as exc:  # noqa: BLE001 - only decorates a failure report
+        return f"no flight record ({type(exc).__name__})"
+    return entries[-1]["description"] if entries else "no collective recorded"
+
+
 class Checker:
+    """Counts the cases run and the ones that failed; keeps the names of the first
+    KEPT failures, each with the collective call that ran last (last_collective()), so
+    that a report says which case failed and which algorithm ran it."""
+
+    KEPT = 20
+
     def __init__(self) -> None:
         self.cases = 0
+        self.failed = 0
         self.failures: list[str] = []
 
     def __call__(self, ok: bool, what: str) -> None:
         self.cases += 1
-        if not ok and len(self.failures) < 20:
-            self.failures.append(what)
+        if ok:
+            return
+        self.failed += 1
+        if len(self.failures) < self.KEPT:
+            self.failures.append(f"{what} [last call: {last_collective()}]")
+
+    def summary(self) -> dict:
+        """The JSON-able result a test reports with harness.failed_cases()."""
+        return {"cases": self.cases, "failed": self.failed, "failures": self.failures}
 
 
 def expect_raises(check: Checker, name: str, error: type, call) -> None:
@@ -180,7 +209,8 @@ def torch_grid(rank: int, world_size: int, check: Checker) -> None:
                 ptr = t.data_ptr()
                 run(dist.broadcast, t, src=root, async_op=case % 2 == 1)
                 expected = make_input(root, world_size, count, dtype, SUM, case)
-                check(same_bits(t, expected) and t.data_ptr() == ptr, f"broadcast {dtype} n={count} src={root}")
+                check(same_bits(t, expected) and t.data_ptr() == ptr,
+                      f"broadcast {dtype} n={count} src={root} {mode(case % 2 == 1)}")
             for op in valid_ops(dtype):
                 case += 1
                 stack = torch.stack([make_input(r, world_size, count, dtype, op, case) for r in range(world_size)])
@@ -188,13 +218,15 @@ def torch_grid(rank: int, world_size: int, check: Checker) -> None:
                 t = stack[rank].clone()
                 ptr = t.data_ptr()
                 run(dist.all_reduce, t, op_argument(op, case), async_op=case % 2 == 1)
-                check(same_bits(t, expected) and t.data_ptr() == ptr, f"all_reduce {dtype} {op.name} n={count}")
+                check(same_bits(t, expected) and t.data_ptr() == ptr,
+                      f"all_reduce {dtype} {op.name} n={count} {mode(case % 2 == 1)}")
                 roots = range(world_size) if count < LARGE else [case % world_size]
                 for root in roots:
                     t = stack[rank].clone()
                     run(dist.reduce, t, dst=root, op=op_argument(op, case + root), async_op=(case + root) % 2 == 0)
                     want = expected if rank == root else stack[rank]
-                    check(same_bits(t, want), f"reduce {dtype} {op.name} n={count} dst={root}")
+                    check(same_bits(t, want),
+                          f"reduce {dtype} {op.name} n={count} dst={root} {mode((case + root) % 2 == 0)}")
 
 
 def numpy_grid(rank: int, world_size: int, check: Checker) -> None:
@@ -207,19 +239,22 @@ def numpy_grid(rank: int, world_size: int, check: Checker) -> None:
             a = make_input(rank, world_size, count, dtype, SUM, case).numpy().copy()
             run(dist.broadcast, a, src=root, async_op=case % 2 == 1)
             expected = make_input(root, world_size, count, dtype, SUM, case)
-            check(same_bits(torch.from_numpy(a), expected), f"numpy broadcast {dtype} n={count} src={root}")
+            check(same_bits(torch.from_numpy(a), expected),
+                  f"numpy broadcast {dtype} n={count} src={root} {mode(case % 2 == 1)}")
             for op in valid_ops(dtype):
                 case += 1
                 stack = torch.stack([make_input(r, world_size, count, dtype, op, case) for r in range(world_size)])
                 expected = expected_reduction(stack, op, world_size)
                 a = stack[rank].numpy().copy()
                 run(dist.all_reduce, a, op_argument(op, case), async_op=case % 2 == 1)
-                check(same_bits(torch.from_numpy(a), expected), f"numpy all_reduce {dtype} {op.name} n={count}")
+                check(same_bits(torch.from_numpy(a), expected),
+                      f"numpy all_reduce {dtype} {op.name} n={count} {mode(case % 2 == 1)}")
                 root = case % world_size
                 a = stack[rank].numpy().copy()
                 run(dist.reduce, a, dst=root, op=op_argument(op, case), async_op=case % 2 == 0)
                 want = expected if rank == root else stack[rank]
-                check(same_bits(torch.from_numpy(a), want), f"numpy reduce {dtype} {op.name} n={count} dst={root}")
+                check(same_bits(torch.from_numpy(a), want),
+                      f"numpy reduce {dtype} {op.name} n={count} dst={root} {mode(case % 2 == 0)}")
 
 
 def ordering(rank: int, world_size: int, check: Checker) -> None:
@@ -321,7 +356,7 @@ def grid(rank: int, world_size: int, port: int, transports: list[str]) -> dict:
         torch_grid(rank, world_size, check)
         numpy_grid(rank, world_size, check)
         dist.destroy_process_group()
-        summaries[transport] = {"cases": check.cases, "failures": check.failures, "reached": reached}
+        summaries[transport] = {**check.summary(), "reached": reached}
     return summaries
 
 

@@ -43,6 +43,16 @@ def _child_main(target: str, rank: int, world_size: int, kwargs_json: str) -> No
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+def failed_cases(summary: dict, where: str) -> str:
+    """The assertion message for a worker's Checker summary (collective_workers.Checker):
+    where it ran (world size, rank, transport), how many of its cases failed, then each
+    failed case that it kept, one a line."""
+    lines = [f"{where}: {summary['failed']} of {summary['cases']} cases failed", *summary["failures"]]
+    if summary["failed"] > len(summary["failures"]):
+        lines.append(f"... and {summary['failed'] - len(summary['failures'])} more")
+    return "\n  ".join(lines)
+
+
 def run_world(
     target: str,
     world_size: int,

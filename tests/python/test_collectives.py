@@ -17,7 +17,7 @@ import torch
 
 import collective_workers
 import ringtree as dist
-from harness import run_world
+from harness import failed_cases, run_world
 
 # --- the grid, in real processes ---------------------------------------------------------------
 
@@ -38,7 +38,8 @@ def _world(world_size: int) -> tuple:
 
 def _check_grid(summaries: dict, world_size: int, rank: int) -> None:
     for transport, summary in summaries.items():
-        assert summary["failures"] == [], f"rank {rank} over {transport}: {summary['failures']}"
+        assert not summary["failures"], failed_cases(
+            summary, f"world of {world_size}, rank {rank} over {transport}")
         assert summary["cases"] > 800
         reached = [] if world_size == 1 else ["shm" if transport == "auto" else transport]
         assert summary["reached"] == reached, transport

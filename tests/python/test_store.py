@@ -263,7 +263,7 @@ def test_stores_constructed_in_many_threads_at_once(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    assert not errors, "\n".join(errors)
     assert server.get("constructed") == b"3200"
 
 

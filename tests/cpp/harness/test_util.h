@@ -93,6 +93,18 @@ class ScopedEnv {
   bool hadOld_ = false;
 };
 
+// Runs one case of a grid: an exception from fn comes back as std::runtime_error with the
+// case's name (name(), called only then) in front, so that a rank's failure names the
+// case and not only the rank.
+template <typename Name, typename Fn>
+void runNamedCase(const Name& name, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(name() + ": " + e.what());
+  }
+}
+
 // Runs fn, which must throw E; returns the exception's message ("" after recording a
 // failure).
 template <typename E, typename Fn>
