@@ -257,8 +257,10 @@ TEST(Algorithms, CountMismatchIsReported) {
 }
 
 TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
+  std::atomic<bool> timedOut{false};
   test::runCommunicators(2, [&](int rank, Communicator& comm) {
     if (rank == 1) {
+      const test::SetOnExit setTimedOut(timedOut);
       std::vector<float> data(4, 1.0f);
       AllreduceOptions o;
       o.timeout = std::chrono::milliseconds(300);
@@ -268,13 +270,14 @@ TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
         ADD_FAILURE() << "no timeout";
       } catch (const TimeoutError& e) {
         const auto elapsed = std::chrono::steady_clock::now() - start;
+        // At its deadline, not before, and not much later.
         EXPECT_GE(elapsed, std::chrono::milliseconds(290));
-        EXPECT_LT(elapsed, std::chrono::milliseconds(1500));
+        EXPECT_LT(elapsed, std::chrono::milliseconds(300) + test::kLateBy);
         EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
       }
     } else {
-      // Rank 0 never enters the collective but stays connected past rank 1's deadline.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      // Rank 0 never enters the collective but stays connected until rank 1 timed out.
+      test::waitForFlag(timedOut);
     }
   }, test::testOptions(TransportKind::kTcp));
 }
@@ -495,10 +498,11 @@ TEST(ShmDirect, ArenaAgainstPairAlgorithmIsReported) {
 }
 
 TEST(ShmDirect, TimeoutNamesTheRankThatDidNotArrive) {
+  test::Arrivals timedOut;
   test::runCommunicators(3, [&](int rank, Communicator& comm) {
     if (rank == 0) {
-      // Never enters the collective but stays connected past the others' deadline.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      // Never enters the collective but stays connected until the others timed out.
+      timedOut.waitFor(2);
       return;
     }
     std::vector<float> data(4, 1.0f);
@@ -511,12 +515,14 @@ TEST(ShmDirect, TimeoutNamesTheRankThatDidNotArrive) {
       ADD_FAILURE() << "no timeout";
     } catch (const TimeoutError& e) {
       const auto elapsed = std::chrono::steady_clock::now() - start;
+      // At its deadline, not before, and not much later.
       EXPECT_GE(elapsed, std::chrono::milliseconds(290));
-      EXPECT_LT(elapsed, std::chrono::milliseconds(1000));
+      EXPECT_LT(elapsed, std::chrono::milliseconds(300) + test::kLateBy);
       EXPECT_TRUE(contains(e.what(), "rank 0 (")) << e.what();
       EXPECT_FALSE(contains(e.what(), rank == 1 ? "rank 2 (" : "rank 1 (")) << e.what();
       EXPECT_TRUE(contains(e.what(), "allreduce(seq=1")) << e.what();
     }
+    timedOut.arrive();
   }, test::testOptions(TransportKind::kShm));
 }
 
@@ -531,7 +537,7 @@ TEST(ShmDirect, PeerThatLeavesFailsTheOthersQuickly) {
       allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
       ADD_FAILURE() << "no error";
     } catch (const NetworkError& e) {
-      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+      EXPECT_LT(std::chrono::steady_clock::now() - start, test::kPrompt);  // not at the 20 s timeout
       EXPECT_TRUE(contains(e.what(), "rank 2 (")) << e.what();
     }
   }, test::testOptions(TransportKind::kShm));

@@ -159,7 +159,7 @@ TEST(NodeArena, SleeperWakesWhenThePeerPublishes) {
   auto start = Clock::now();
   zero->sleepWhile(1, 0, 100ms);
   EXPECT_GE(Clock::now() - start, 90ms);
-  // A publication wakes it long before its timeout.
+  // A publication wakes it long before its timeout (20 s: far beyond the bound).
   std::atomic<bool> asleep{false};
   std::thread publisher([&] {
     while (!asleep.load()) std::this_thread::yield();
@@ -168,14 +168,14 @@ TEST(NodeArena, SleeperWakesWhenThePeerPublishes) {
   });
   start = Clock::now();
   asleep = true;
-  while (zero->peerStep(1) == 0 && Clock::now() - start < 5s) zero->sleepWhile(1, 0, 5s);
+  while (zero->peerStep(1) == 0 && Clock::now() - start < 20s) zero->sleepWhile(1, 0, 20s);
   publisher.join();
   EXPECT_EQ(zero->peerStep(1), 1U);
-  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_LT(Clock::now() - start, test::kPrompt);
   // A value that already changed does not sleep.
   start = Clock::now();
-  zero->sleepWhile(1, 0, 5s);
-  EXPECT_LT(Clock::now() - start, 1s);
+  zero->sleepWhile(1, 0, 20s);
+  EXPECT_LT(Clock::now() - start, test::kPrompt);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ TEST_P(ArenaProcesses, CollectivesAreExactAndLeaveNothingBehind) {
 }
 
 // A rank killed with SIGKILL while all loop over collectives: every other rank fails with
-// NetworkError naming it, within two seconds.
+// NetworkError naming it, within seconds (test::kPrompt; their timeout is 20 s).
 TEST_P(ArenaProcesses, SigkilledPeerFailsTheOthersQuickly) {
   const int size = GetParam();
   const int victim = size - 1;
@@ -282,7 +282,7 @@ TEST_P(ArenaProcesses, SigkilledPeerFailsTheOthersQuickly) {
     ASSERT_TRUE(r.exited && r.code == 0) << "rank " << rank << ": " << r.message;
     const Clock::time_point failedAt{Clock::duration(std::stoll(r.message))};
     const auto latency = std::chrono::duration_cast<std::chrono::milliseconds>(failedAt - killedAt);
-    EXPECT_LT(latency, 2000ms) << r.message;
+    EXPECT_LT(latency, test::kPrompt) << r.message;
     EXPECT_TRUE(contains(r.message, "rank " + std::to_string(victim) + " (")) << r.message;
     std::printf("[ info ] rank %d of %d noticed the killed rank after %lld ms: %s\n", rank, size,
                 static_cast<long long>(latency.count()), r.message.substr(r.message.find(' ') + 1).c_str());

@@ -375,6 +375,9 @@ def waits_timeouts_and_mismatch(rank: int, world_size: int, port: int) -> dict:
     new group, the ranks disagree on an element count: CollectiveMismatchError, raised
     by Work.wait() and returned by Work.exception()."""
     init(rank, world_size, port, timeout_s=30.0)
+    # Rank 0 says here when its timeouts have expired; rank 1 waits for that instead of
+    # sleeping a guess, so the timeouts expire however slow the machine is.
+    control = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=30))
     out: dict = {}
     # A Python thread keeps running while this thread blocks in a collective.
     counter = [0]
@@ -398,18 +401,20 @@ def waits_timeouts_and_mismatch(rank: int, world_size: int, port: int) -> dict:
     # Work.wait(timeout) expires; the all_reduce goes on and completes later.
     t = torch.full((1023,), float(rank + 1))
     if rank == 1:
-        time.sleep(0.5)
+        control.wait(["failure_cases/wait_expired"])
     work = dist.all_reduce(t, async_op=True)
-    try:
-        work.wait(timedelta(milliseconds=50))
-        out["wait_timeout"] = None
-    except dist.DistTimeoutError as exc:
-        out["wait_timeout"] = str(exc)
+    if rank == 0:
+        try:
+            work.wait(timedelta(milliseconds=50))
+            out["wait_timeout"] = None
+        except dist.DistTimeoutError as exc:
+            out["wait_timeout"] = str(exc)
+        control.set("failure_cases/wait_expired", "1")
     out["completed_after_timeout"] = work.wait() is True and torch.equal(t, torch.full((1023,), 3.0))
 
     # barrier(timeout=) expires on rank 0 while rank 1 is away.
     if rank == 1:
-        time.sleep(1.0)
+        control.wait(["failure_cases/barrier_expired"])
     start = time.monotonic()
     try:
         dist.barrier(timeout=timedelta(milliseconds=300) if rank == 0 else timedelta(seconds=3))
@@ -417,6 +422,8 @@ def waits_timeouts_and_mismatch(rank: int, world_size: int, port: int) -> dict:
     except dist.DistError as exc:
         out["barrier_error"] = type(exc).__name__
     out["barrier_elapsed"] = time.monotonic() - start
+    if rank == 0:
+        control.set("failure_cases/barrier_expired", "1")
     dist.destroy_process_group()
 
     init(rank, world_size, port, timeout_s=10.0)

@@ -17,6 +17,19 @@
 
 namespace ringtree::test {
 
+// Bounds of the suite's timing assertions. The suite runs on loaded two-core machines
+// (builds and other test programs beside it), where a thread may wait a second or more
+// for a core, so an upper bound here tells "at once" or "near its deadline" apart from
+// "after a fallback timeout" or "never", not fast from slow; every test keeps the
+// fallbacks it could pass through (its own waits and timeouts) well beyond these.
+//
+// What needs no waiting (a peer's failure or departure reaching a rank, an abort, a
+// refusal, a wake-up, a zero timeout) is over within kPrompt.
+constexpr std::chrono::milliseconds kPrompt(5000);
+// A timeout fires after its deadline (tests keep that lower bound) and at most kLateBy
+// after it.
+constexpr std::chrono::milliseconds kLateBy(3000);
+
 // True when part occurs in text.
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -37,6 +50,22 @@ inline void waitForFlag(const std::atomic<bool>& flag,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
+
+// Counts threads that reached a point; lets the others wait for them, bounded (10 s),
+// so that no rank closes its connections while another still waits for its own deadline.
+class Arrivals {
+ public:
+  void arrive() { ++count_; }
+  void waitFor(int count) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (count_ < count && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+ private:
+  std::atomic<int> count_{0};
+};
 
 // Sets a flag when it goes out of scope, however the scope ends: keeps a thread that waits
 // for it (waitForFlag) from waiting out its timeout after a failed expectation.
