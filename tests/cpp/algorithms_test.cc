@@ -21,6 +21,7 @@
 #include "algorithms/reduce_ops.h"
 #include "arena/node_arena.h"
 #include "communicator_impl.h"
+#include "harness/mismatch.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "harness/typed_values.h"
@@ -175,7 +176,7 @@ TEST_P(AlgorithmGrid, EveryCaseIsExact) {
   const std::vector<Case> cases = casesFor(n, transport);
   test::runCommunicators(n, [&](int, Communicator& comm) {
     for (const Case& c : cases) {
-      runCase(comm, c);
+      test::runNamedCase([&] { return describe(c); }, [&] { runCase(comm, c); });
       if (::testing::Test::HasFatalFailure()) return;
     }
     barrier(comm);
@@ -184,7 +185,7 @@ TEST_P(AlgorithmGrid, EveryCaseIsExact) {
 
 std::string gridName(const ::testing::TestParamInfo<std::tuple<TransportKind, int>>& info) {
   const auto [transport, n] = info.param;
-  return std::string(transport == TransportKind::kTcp ? "tcp" : "shm") + "_" + std::to_string(n) + "ranks";
+  return std::string(transportKindName(transport)) + "_" + std::to_string(n) + "ranks";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tcp, AlgorithmGrid,
@@ -256,8 +257,10 @@ TEST(Algorithms, CountMismatchIsReported) {
 }
 
 TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
+  std::atomic<bool> timedOut{false};
   test::runCommunicators(2, [&](int rank, Communicator& comm) {
     if (rank == 1) {
+      const test::SetOnExit setTimedOut(timedOut);
       std::vector<float> data(4, 1.0f);
       AllreduceOptions o;
       o.timeout = std::chrono::milliseconds(300);
@@ -267,13 +270,14 @@ TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
         ADD_FAILURE() << "no timeout";
       } catch (const TimeoutError& e) {
         const auto elapsed = std::chrono::steady_clock::now() - start;
+        // At its deadline, not before, and not much later.
         EXPECT_GE(elapsed, std::chrono::milliseconds(290));
-        EXPECT_LT(elapsed, std::chrono::milliseconds(1500));
+        EXPECT_LT(elapsed, std::chrono::milliseconds(300) + test::kLateBy);
         EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
       }
     } else {
-      // Rank 0 never enters the collective but stays connected past rank 1's deadline.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      // Rank 0 never enters the collective but stays connected until rank 1 timed out.
+      test::waitForFlag(timedOut);
     }
   }, test::testOptions(TransportKind::kTcp));
 }
@@ -281,8 +285,8 @@ TEST(Algorithms, TimeoutNamesThePeerAndComesBackInTime) {
 // ---------------------------------------------------------------------------------------
 // shm_direct and the node arena.
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
+using test::contains;
+using test::expectMismatchOnBothRanks;
 using test::ScopedEnv;
 
 TEST(ShmDirect, ArenaExistsExactlyWhenEveryPairIsShm) {
@@ -387,7 +391,7 @@ TEST(ShmDirect, MixedSequencesStayExact) {
         c.maxSegmentBytes = random() % 3 == 0 ? 4096 : 0;
         if (random() % 8 == 0) barrier(comm);
         if ((random() + static_cast<unsigned>(rank)) % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
-        runCase(comm, c);
+        test::runNamedCase([&] { return describe(c); }, [&] { runCase(comm, c); });
         if (::testing::Test::HasFatalFailure()) return;
       }
     }, test::testOptions(TransportKind::kShm));
@@ -445,26 +449,8 @@ TEST(ShmDirect, MinAndMaxFoldInRankOrder) {
   }
 }
 
-void expectMismatchOnBothRanks(const std::function<void(int rank, Communicator&)>& call,
-                               const std::vector<std::string>& expected) {
-  std::vector<std::string> messages(2);
-  test::runCommunicators(2, [&](int rank, Communicator& comm) {
-    try {
-      call(rank, comm);
-      ADD_FAILURE() << "rank " << rank << " did not detect the mismatch";
-    } catch (const CollectiveMismatchError& e) {
-      messages[static_cast<size_t>(rank)] = e.what();
-    }
-    EXPECT_THROW(barrier(comm), Error);  // unusable afterwards
-  }, test::testOptions(TransportKind::kShm, std::chrono::seconds(10)));
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "rank 0") && contains(m, "rank 1")) << m;
-    for (const auto& part : expected) EXPECT_TRUE(contains(m, part)) << m;
-  }
-}
-
 TEST(ShmDirect, MismatchedCollectivesFailOnBothRanksNamingBothCalls) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<float> data(16, 1.0f);
     if (rank == 0) {
       AllreduceOptions o;
@@ -479,7 +465,7 @@ TEST(ShmDirect, MismatchedCollectivesFailOnBothRanksNamingBothCalls) {
 }
 
 TEST(ShmDirect, CountMismatchIsReported) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<int32_t> data(16, 1);
     AllreduceOptions o;
     o.algorithm = Algorithm::kShmDirect;
@@ -488,7 +474,7 @@ TEST(ShmDirect, CountMismatchIsReported) {
 }
 
 TEST(ShmDirect, BarrierAgainstAllreduceIsReported) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<float> data(3, 1.0f);
     if (rank == 0) {
       barrier(comm);
@@ -503,7 +489,7 @@ TEST(ShmDirect, BarrierAgainstAllreduceIsReported) {
 // One rank over the arena, the other over the pairs: the arena side sees the other's
 // published call and tells it over the pair.
 TEST(ShmDirect, ArenaAgainstPairAlgorithmIsReported) {
-  expectMismatchOnBothRanks([](int rank, Communicator& comm) {
+  expectMismatchOnBothRanks(TransportKind::kShm, [](int rank, Communicator& comm) {
     std::vector<float> data(64, 1.0f);
     AllreduceOptions o;
     o.algorithm = rank == 0 ? Algorithm::kShmDirect : Algorithm::kRing;
@@ -512,10 +498,11 @@ TEST(ShmDirect, ArenaAgainstPairAlgorithmIsReported) {
 }
 
 TEST(ShmDirect, TimeoutNamesTheRankThatDidNotArrive) {
+  test::Arrivals timedOut;
   test::runCommunicators(3, [&](int rank, Communicator& comm) {
     if (rank == 0) {
-      // Never enters the collective but stays connected past the others' deadline.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      // Never enters the collective but stays connected until the others timed out.
+      timedOut.waitFor(2);
       return;
     }
     std::vector<float> data(4, 1.0f);
@@ -528,12 +515,14 @@ TEST(ShmDirect, TimeoutNamesTheRankThatDidNotArrive) {
       ADD_FAILURE() << "no timeout";
     } catch (const TimeoutError& e) {
       const auto elapsed = std::chrono::steady_clock::now() - start;
+      // At its deadline, not before, and not much later.
       EXPECT_GE(elapsed, std::chrono::milliseconds(290));
-      EXPECT_LT(elapsed, std::chrono::milliseconds(1000));
+      EXPECT_LT(elapsed, std::chrono::milliseconds(300) + test::kLateBy);
       EXPECT_TRUE(contains(e.what(), "rank 0 (")) << e.what();
       EXPECT_FALSE(contains(e.what(), rank == 1 ? "rank 2 (" : "rank 1 (")) << e.what();
       EXPECT_TRUE(contains(e.what(), "allreduce(seq=1")) << e.what();
     }
+    timedOut.arrive();
   }, test::testOptions(TransportKind::kShm));
 }
 
@@ -548,7 +537,7 @@ TEST(ShmDirect, PeerThatLeavesFailsTheOthersQuickly) {
       allreduce(comm, data.data(), data.size(), DataType::kFloat32, o);
       ADD_FAILURE() << "no error";
     } catch (const NetworkError& e) {
-      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+      EXPECT_LT(std::chrono::steady_clock::now() - start, test::kPrompt);  // not at the 20 s timeout
       EXPECT_TRUE(contains(e.what(), "rank 2 (")) << e.what();
     }
   }, test::testOptions(TransportKind::kShm));

@@ -23,6 +23,7 @@
 #include <ringtree/error.h>
 
 #include "algorithms/reduce_ops.h"
+#include "harness/mismatch.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "harness/typed_values.h"
@@ -31,6 +32,8 @@ namespace ringtree {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
+using test::contains;
+using test::expectMismatchOnBothRanks;
 
 enum class Kind { kAllgather, kGather, kScatter, kReduceScatter, kAlltoall };
 
@@ -345,7 +348,7 @@ TEST_P(GatherScatterGrid, EveryCaseIsExact) {
   const std::vector<Case> cases = casesFor(kind, n, transport);
   test::runCommunicators(n, [&](int, Communicator& comm) {
     for (const Case& c : cases) {
-      runCase(comm, c);
+      test::runNamedCase([&] { return describe(c); }, [&] { runCase(comm, c); });
       if (::testing::Test::HasFatalFailure()) return;
     }
     barrier(comm);
@@ -355,7 +358,7 @@ TEST_P(GatherScatterGrid, EveryCaseIsExact) {
 std::string gridName(const ::testing::TestParamInfo<GridParam>& info) {
   const auto [kind, transport, n] = info.param;
   const char* kinds[] = {"allgather", "gather", "scatter", "reduce_scatter", "alltoall"};
-  return std::string(kinds[static_cast<int>(kind)]) + "_" + (transport == TransportKind::kTcp ? "tcp" : "shm") + "_" +
+  return std::string(kinds[static_cast<int>(kind)]) + "_" + transportKindName(transport) + "_" +
          std::to_string(n) + "ranks";
 }
 
@@ -370,8 +373,6 @@ INSTANTIATE_TEST_SUITE_P(EightRanks, GatherScatterGrid, ::testing::Combine(kKind
 
 // ---------------------------------------------------------------------------------------
 // Errors.
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Runs fn, which must throw InvalidArgument whose message contains `part`.
 template <typename Fn>
@@ -470,26 +471,6 @@ TEST(GatherScatterFamily, InvalidArgumentsThrowBeforeAnyDataMoves) {
     EXPECT_EQ(first, std::vector<int32_t>(2, 10));
     EXPECT_EQ(second, std::vector<int32_t>(2, 11));
   }, test::testOptions(TransportKind::kTcp));
-}
-
-// Both ranks of a mismatched call fail in that call with CollectiveMismatchError, each
-// naming both ranks and the given parts of both calls; the communicator is unusable after.
-void expectMismatchOnBothRanks(TransportKind transport, const std::function<void(int rank, Communicator&)>& call,
-                               const std::vector<std::string>& expected) {
-  std::vector<std::string> messages(2);
-  test::runCommunicators(2, [&](int rank, Communicator& comm) {
-    try {
-      call(rank, comm);
-      ADD_FAILURE() << "rank " << rank << " did not detect the mismatch";
-    } catch (const CollectiveMismatchError& e) {
-      messages[static_cast<size_t>(rank)] = e.what();
-    }
-    EXPECT_THROW(barrier(comm), Error);
-  }, test::testOptions(transport, std::chrono::seconds(10)));
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "rank 0") && contains(m, "rank 1")) << m;
-    for (const auto& part : expected) EXPECT_TRUE(contains(m, part)) << "expected '" << part << "' in: " << m;
-  }
 }
 
 class Mismatch : public ::testing::TestWithParam<TransportKind> {};
@@ -630,7 +611,7 @@ TEST_P(Mismatch, GatherCountsDifferFailTheRootAndThenTheSender) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, Mismatch, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
                          [](const ::testing::TestParamInfo<TransportKind>& info) {
-                           return std::string(info.param == TransportKind::kTcp ? "tcp" : "shm");
+                           return std::string(transportKindName(info.param));
                          });
 
 // The call's deadline holds for the family as for every collective, and the error names

@@ -2,11 +2,11 @@
 // between two threads and between two processes (fork), exact contents over ring and
 // direct-copy sizes, Accumulate across ring wrap-around and bounce-buffer boundaries,
 // envelope and size mismatches, peeking and pending counts, peers that close, die
-// (SIGKILL) or break the protocol, sleeping and waking, and a printed latency /
-// bandwidth report.
+// (SIGKILL) or break the protocol, sleeping and waking. (Its latency and bandwidth
+// figures: benchmarks/transport_bench.cc.)
 //
 // Every wait is bounded (kTimeout), children are killed by their Child handle and by an
-// alarm, so a regression fails a test instead of hanging the binary.
+// alarm (harness/shm_pairs.h), so a regression fails a test instead of hanging the binary.
 
 #include <gtest/gtest.h>
 
@@ -44,18 +44,31 @@
 #include "transport/shm/protocol.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/unix_socket.h"
+#include "harness/shm_pairs.h"
+#include "harness/test_util.h"
 
 namespace ringtree::transport::shm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using test::acceptChild;
+using test::Child;
+using test::connectThreads;
+using test::devShmEntries;
+using test::forkPeer;
+using test::ringOnly;
+using test::Role;
+using test::spinIdle;
+using test::sumElements;
+using test::TwoPairs;
+using test::waitIdle;
 
 // Longest any single wait in a test may take.
-constexpr milliseconds kTimeout(10000);
-// How soon a pending operation must fail after its peer closed its pair / was killed.
-constexpr milliseconds kCloseNotice(1000);
-constexpr milliseconds kDeathNotice(2000);
+constexpr milliseconds kTimeout = test::kPairTimeout;
+// How soon a pending operation must fail after its peer closed its pair or was killed:
+// at once, not at a waitIdle deadline (kTimeout).
+constexpr milliseconds kGoneNotice = test::kPrompt;
 constexpr size_t kMiB = size_t{1} << 20;
 
 double secondsSince(Clock::time_point start) {
@@ -83,31 +96,6 @@ std::vector<uint8_t> pattern(size_t bytes, int side, size_t index) {
   return data;
 }
 
-// dst[i] += src[i] for T elements at any alignment, in blocks the compiler vectorises.
-template <typename T>
-void sumElements(void* inout, const void* in, size_t count) {
-  auto* dst = static_cast<unsigned char*>(inout);
-  const auto* src = static_cast<const unsigned char*>(in);
-  constexpr size_t kBlock = 64 / sizeof(T);
-  size_t i = 0;
-  for (; i + kBlock <= count; i += kBlock) {
-    T a[kBlock];
-    T b[kBlock];
-    std::memcpy(a, dst + i * sizeof(T), sizeof(a));
-    std::memcpy(b, src + i * sizeof(T), sizeof(b));
-    for (size_t k = 0; k < kBlock; ++k) a[k] += b[k];
-    std::memcpy(dst + i * sizeof(T), a, sizeof(a));
-  }
-  for (; i < count; ++i) {
-    T a;
-    T b;
-    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
-    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
-    a += b;
-    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
-  }
-}
-
 // A 12-byte element (three int32 summed lane by lane): its size divides neither the
 // cache line nor the ring, so elements straddle the ring's wrap-around.
 struct Triple {
@@ -116,44 +104,6 @@ struct Triple {
 static_assert(sizeof(Triple) == 12, "Triple is 12 bytes");
 
 void sumTriples(void* inout, const void* in, size_t count) { sumElements<int32_t>(inout, in, count * 3); }
-
-// Runs progress() until the pair is idle: spins spinCalls times, then sleeps in poll()
-// the way the communicator does (arm, progress once more, poll, disarm) and spins again
-// after each wake-up. A lost wake-up therefore shows up as a timeout, never as a slow
-// pass. Throws std::runtime_error after `timeout`.
-void waitIdle(Pair& pair, milliseconds timeout = kTimeout, int spinCalls = 1000) {
-  const auto deadline = Clock::now() + timeout;
-  for (int calls = 0;; ++calls) {
-    if (pair.progress()) return;
-    if ((calls & 1023) == 0 && Clock::now() >= deadline) throw std::runtime_error("waitIdle timed out");
-    if (calls < spinCalls) continue;
-    calls = 0;
-    pollfd pfd{};
-    pair.armWait(&pfd);
-    if (pair.progress()) {
-      pair.disarmWait();
-      return;
-    }
-    const int rc = ::poll(&pfd, 1, net::pollTimeoutMs(deadline));
-    pair.disarmWait();
-    if (rc == 0) throw std::runtime_error("waitIdle timed out sleeping (lost wake-up?)");
-  }
-}
-
-// Pure spinning, for latency and bandwidth.
-void spinIdle(Pair& pair) {
-  const auto deadline = Clock::now() + kTimeout;
-  for (unsigned calls = 1; !pair.progress(); ++calls) {
-    if ((calls & 0xffff) == 0 && Clock::now() >= deadline) throw std::runtime_error("spinIdle timed out");
-  }
-}
-
-PairOptions ringOnly(size_t ringBytes = kMiB) {
-  PairOptions options;
-  options.ringBytes = ringBytes;
-  options.directCopyThreshold = std::numeric_limits<size_t>::max();
-  return options;
-}
 
 // The threshold that sizes are chosen around (the default when direct copy is off).
 size_t nominalThreshold(const PairOptions& options) {
@@ -164,97 +114,6 @@ size_t nominalThreshold(const PairOptions& options) {
 std::vector<size_t> messageSizes(const PairOptions& options) {
   const size_t threshold = nominalThreshold(options);
   return {0, 1, 7, 4095, options.ringBytes - 1, options.ringBytes + 1, threshold - 1, threshold, 16 * kMiB + 5};
-}
-
-struct TwoPairs {
-  std::unique_ptr<Pair> rank0;  // the connecting side
-  std::unique_ptr<Pair> rank1;  // the accepting side
-};
-
-// Two pairs between threads of this process: rank 0 connects, rank 1 accepts.
-TwoPairs connectThreads(const PairOptions& options0 = {}, const PairOptions& options1 = {}) {
-  Listener listener;
-  const auto deadline = net::deadlineAfter(kTimeout);
-  auto accepted = std::async(std::launch::async, [&] {
-    return createPair(listener.accept(deadline), false, 1, 0, "rank 0 (test thread)", options1, deadline);
-  });
-  std::string error;
-  net::Socket socket = connect(listener.name(), deadline, &error);
-  if (!socket.valid()) throw std::runtime_error("connect: " + error);
-  TwoPairs pairs;
-  pairs.rank0 = createPair(std::move(socket), true, 0, 1, "rank 1 (test thread)", options0, deadline);
-  pairs.rank1 = accepted.get();
-  return pairs;
-}
-
-// A forked child process, SIGKILLed and reaped on destruction unless already reaped.
-class Child {
- public:
-  explicit Child(pid_t pid) : pid_(pid) {}
-  Child(Child&& other) noexcept : pid_(std::exchange(other.pid_, -1)) {}
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  void kill() const { ::kill(pid_, SIGKILL); }
-  // The exit code, 128 + signal when killed, or -1 (after killing it) on timeout.
-  int wait(milliseconds timeout = kTimeout) {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      int status = 0;
-      const pid_t rc = ::waitpid(pid_, &status, WNOHANG);
-      if (rc == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      if (Clock::now() >= deadline) {
-        kill();
-        ::waitpid(pid_, nullptr, 0);
-        pid_ = -1;
-        return -1;
-      }
-      std::this_thread::sleep_for(milliseconds(1));
-    }
-  }
-
- private:
-  pid_t pid_;
-};
-
-using Role = std::function<bool(Pair& pair, int side)>;
-
-// Forks a child that connects to listener as rank 1 and exits with 0 when role returns
-// true (1 when false, 2 on an exception). Fork-safe: the role must not use gtest.
-Child forkPeer(const Listener& listener, const PairOptions& options, const Role& role) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid > 0) return Child(pid);
-  ::alarm(30);
-  int code = 0;
-  try {
-    const auto deadline = net::deadlineAfter(kTimeout);
-    std::string error;
-    net::Socket socket = connect(listener.name(), deadline, &error);
-    if (!socket.valid()) throw std::runtime_error("connect: " + error);
-    auto pair = createPair(std::move(socket), true, 1, 0, "rank 0 (parent process)", options, deadline);
-    code = role(*pair, 1) ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "child: %s\n", e.what());
-    code = 2;
-  }
-  ::_exit(code);
-}
-
-std::unique_ptr<Pair> acceptChild(Listener& listener, const Child& child, const PairOptions& options) {
-  const auto deadline = net::deadlineAfter(kTimeout);
-  return createPair(listener.accept(deadline), false, 0, 1, "rank 1 (child pid " + std::to_string(child.pid()) + ")",
-                    options, deadline);
 }
 
 enum class Harness { kThreads, kProcesses };
@@ -629,7 +488,7 @@ TEST_P(ShmClosedPeerTest, PendingReceiveFailsWhenPeerPairIsDestroyed) {
     gone = Clock::now();
     pairs.rank0.reset();
   });
-  expectPeerGone(*pairs.rank1, GetParam(), "rank 0 (test thread)", kCloseNotice, [&] {
+  expectPeerGone(*pairs.rank1, GetParam(), "rank 0 (test thread)", kGoneNotice, [&] {
     closer.wait();  // publishes `gone`
     return gone;
   });
@@ -643,7 +502,7 @@ TEST_P(ShmClosedPeerTest, PendingSendFailsWhenPeerPairIsDestroyed) {
     EXPECT_FALSE(pairs.rank0->progress());
     const auto gone = Clock::now();
     pairs.rank1.reset();
-    expectPeerGone(*pairs.rank0, GetParam(), "rank 1 (test thread)", kCloseNotice, [&] { return gone; });
+    expectPeerGone(*pairs.rank0, GetParam(), "rank 1 (test thread)", kGoneNotice, [&] { return gone; });
   }
 }
 
@@ -671,19 +530,6 @@ TEST(ShmPairTest, DataPublishedBeforeCloseIsStillDelivered) {
   std::vector<uint8_t> more(5);
   pairs.rank1->postRecv(envelope(9), more.data(), more.size());
   EXPECT_THROW(waitIdle(*pairs.rank1), NetworkError);
-}
-
-std::set<std::string> devShmEntries() {
-  std::set<std::string> names;
-  if (DIR* dir = ::opendir("/dev/shm")) {
-    while (dirent* entry = ::readdir(dir)) {
-      const std::string name = entry->d_name;
-      // POSIX semaphores of unrelated processes come and go; ringtree creates none.
-      if (name != "." && name != ".." && name.rfind("sem.", 0) != 0) names.insert(name);
-    }
-    ::closedir(dir);
-  }
-  return names;
 }
 
 // Descriptors and mappings of ringtree segments held by this process.
@@ -749,7 +595,7 @@ TEST_P(ShmKilledPeerTest, ReceiverFailsQuicklyAndNothingIsLeftBehind) {
     child.kill();
     const auto gone = Clock::now();
     EXPECT_EQ(child.wait(), 128 + SIGKILL);
-    expectPeerGone(*pair, false, "rank 1 (child pid", kDeathNotice, [&] { return gone; });
+    expectPeerGone(*pair, false, "rank 1 (child pid", kGoneNotice, [&] { return gone; });
   }
   EXPECT_EQ(devShmEntries(), before);
   EXPECT_EQ(segmentsHeldHere(), 0);
@@ -763,8 +609,8 @@ INSTANTIATE_TEST_SUITE_P(Shm, ShmKilledPeerTest, ::testing::Values(false, true),
 // ---------------------------------------------------------------------------------------
 // Sleeping and waking
 
-// Arms, checks progress once more, then poll()s with a long timeout; returns how long the
-// poll took (a lost wake-up makes it the whole timeout).
+// Arms, checks progress once more, then poll()s with a long timeout (20 s); returns how
+// long the poll took in seconds (a lost wake-up makes it the whole timeout).
 double sleepOnce(Pair& pair) {
   pollfd pfd{};
   pair.armWait(&pfd);
@@ -773,13 +619,17 @@ double sleepOnce(Pair& pair) {
     return 0;
   }
   const auto start = Clock::now();
-  const int rc = ::poll(&pfd, 1, 5000);
+  const int rc = ::poll(&pfd, 1, 20000);
   const double slept = secondsSince(start);
   pair.disarmWait();
   EXPECT_EQ(rc, 1);
   EXPECT_NE(pfd.revents & POLLIN, 0);
   return slept;
 }
+
+// How long a woken sleeper may have slept (seconds): the peer comes after 200 ms; a lost
+// wake-up would sleep the whole 20 s.
+const double kWokenWithin = std::chrono::duration<double>(test::kPrompt).count();
 
 TEST(ShmWakeTest, SleepingReceiverIsWokenByDelayedSender) {
   for (size_t bytes : {size_t{8}, 2 * kMiB}) {  // ring, then direct copy
@@ -793,9 +643,9 @@ TEST(ShmWakeTest, SleepingReceiverIsWokenByDelayedSender) {
       waitIdle(*pairs.rank0);
     });
     const double slept = sleepOnce(*pairs.rank1);
-    EXPECT_GT(slept, 0.1);
-    EXPECT_LT(slept, 1.0);
-    waitIdle(*pairs.rank1, milliseconds(1000));
+    EXPECT_GT(slept, 0.1);  // it slept until the sender came
+    EXPECT_LT(slept, kWokenWithin);
+    waitIdle(*pairs.rank1);
     sender.get();
     EXPECT_EQ(in, out);
   }
@@ -815,9 +665,9 @@ TEST(ShmWakeTest, SleepingSenderIsWokenByReceiver) {
       waitIdle(*pairs.rank1);
     });
     const double slept = sleepOnce(*pairs.rank0);
-    EXPECT_GT(slept, 0.1);
-    EXPECT_LT(slept, 1.0);
-    waitIdle(*pairs.rank0, milliseconds(2000), 0);  // sleep between every refill
+    EXPECT_GT(slept, 0.1);  // it slept until the receiver came
+    EXPECT_LT(slept, kWokenWithin);
+    waitIdle(*pairs.rank0, kTimeout, 0);  // sleep between every refill
     receiver.get();
     EXPECT_EQ(in, out);
   }
@@ -941,7 +791,7 @@ void expectReceiveFails(FakePeer& fake, const char* expectedText) {
   std::vector<uint8_t> in(100);
   fake.real->postRecv(envelope(0), in.data(), in.size());
   try {
-    waitIdle(*fake.real, milliseconds(2000));
+    waitIdle(*fake.real);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(expectedText), std::string::npos) << e.what();
@@ -999,7 +849,7 @@ TEST(ShmHostilePeerTest, TailMovedBeyondHead) {
   EXPECT_FALSE(fake.real->progress());
   fake.rxControl()->tail.store(uint64_t{1} << 40, std::memory_order_release);
   try {
-    waitIdle(*fake.real, milliseconds(2000));
+    waitIdle(*fake.real);
     ADD_FAILURE() << "expected NetworkError";
   } catch (const NetworkError& e) {
     EXPECT_NE(std::string(e.what()).find("tail of this rank's ring"), std::string::npos) << e.what();
@@ -1018,145 +868,6 @@ TEST(ShmHostilePeerTest, PeerThatCannotReadUsGetsRingMessages) {
     EXPECT_EQ(header.kind, static_cast<uint32_t>(readsDirect ? MessageKind::kDirect : MessageKind::kInline));
     EXPECT_EQ(header.bytes, kMiB);
   }
-}
-
-// ---------------------------------------------------------------------------------------
-// Performance report (printed; no assertions on speed)
-
-// The machine these tests run on is shared and noisy: every figure is the median of
-// several timed blocks, and the report prints, from the same run, what this machine does
-// without ringtree (a memcpy, a bare spin ping-pong) for comparison.
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-// Ping-pong of 8-byte messages, both sides spinning; returns the median one-way latency
-// in us over blocks of 1000 round trips.
-double pingPongMicros(Pair& pair, int side, int blocks) {
-  constexpr int kRounds = 1000;
-  uint64_t value = 0;
-  std::vector<double> oneWay;
-  for (int block = -1; block < blocks; ++block) {  // one warm-up block
-    const auto start = Clock::now();
-    for (int i = 0; i < kRounds; ++i) {
-      for (int step = 0; step < 2; ++step) {
-        if ((step == 0) == (side == 0)) {
-          pair.postSend(envelope(0), &value, sizeof(value));
-        } else {
-          pair.postRecv(envelope(0), &value, sizeof(value));
-        }
-        spinIdle(pair);
-      }
-    }
-    if (block >= 0) oneWay.push_back(secondsSince(start) * 1e6 / (2.0 * kRounds));
-  }
-  return median(oneWay);
-}
-
-// Streams batches of `depth` messages of `bytes` from side 1 to side 0 (spinning,
-// sleeping only after long stalls); side 0 returns the median GB/s (1e9 B/s) of a batch.
-double streamGBps(Pair& pair, int side, size_t bytes, int batches, int depth, ReduceFn fn = nullptr) {
-  std::vector<uint8_t> buffer(bytes);
-  std::memset(buffer.data(), side == 1 ? 0x3f : 0, bytes);  // pre-faulted; small float32 values
-  Accumulate accumulate{fn, 4};
-  std::vector<double> rates;
-  for (int batch = -1; batch < batches; ++batch) {  // one warm-up batch
-    const auto start = Clock::now();
-    for (int k = 0; k < depth; ++k) {
-      if (side == 1) {
-        pair.postSend(envelope(0), buffer.data(), bytes);
-      } else {
-        pair.postRecv(envelope(0), buffer.data(), bytes, accumulate);
-      }
-    }
-    waitIdle(pair, kTimeout, 20000);
-    if (batch >= 0) rates.push_back(static_cast<double>(bytes) * depth / secondsSince(start) / 1e9);
-  }
-  return median(rates);
-}
-
-// One-way latency of a bare atomic ping-pong between two threads, in us.
-double bareSpinMicros() {
-  constexpr int kRounds = 20000;
-  std::atomic<int> turn{0};
-  auto other = std::async(std::launch::async, [&] {
-    for (int i = 0; i < kRounds; ++i) {
-      while (turn.load(std::memory_order_acquire) != 2 * i + 1) {
-      }
-      turn.store(2 * i + 2, std::memory_order_release);
-    }
-  });
-  const auto start = Clock::now();
-  for (int i = 0; i < kRounds; ++i) {
-    turn.store(2 * i + 1, std::memory_order_release);
-    while (turn.load(std::memory_order_acquire) != 2 * i + 2) {
-    }
-  }
-  const double micros = secondsSince(start) * 1e6 / (2.0 * kRounds);
-  other.get();
-  return micros;
-}
-
-double memcpyGBps(size_t bytes) {
-  std::vector<uint8_t> from(bytes, 1);
-  std::vector<uint8_t> to(bytes, 2);
-  std::vector<double> rates;
-  for (int i = 0; i < 5; ++i) {
-    const auto start = Clock::now();
-    std::memcpy(to.data(), from.data(), bytes);
-    rates.push_back(static_cast<double>(bytes) / secondsSince(start) / 1e9);
-  }
-  return median(rates);
-}
-
-double inProcesses(const PairOptions& options, const std::function<double(Pair&, int)>& role) {
-  Listener listener;
-  Child child = forkPeer(listener, options, [&](Pair& pair, int side) {
-    role(pair, side);
-    return true;
-  });
-  double result = 0;
-  {
-    auto pair = acceptChild(listener, child, options);
-    result = role(*pair, 0);
-  }
-  EXPECT_EQ(child.wait(), 0);
-  return result;
-}
-
-TEST(ShmPerformanceTest, Report) {
-  std::printf("[ shm ] this machine now: memcpy 64 MiB %.2f GB/s, bare spin ping-pong %.3f us one way\n",
-              memcpyGBps(64 * kMiB), bareSpinMicros());
-  {
-    TwoPairs pairs = connectThreads();
-    auto other = std::async(std::launch::async, [&] { return pingPongMicros(*pairs.rank1, 1, 9); });
-    const double threads = pingPongMicros(*pairs.rank0, 0, 9);
-    other.get();
-    const double processes =
-        inProcesses(PairOptions{}, [](Pair& pair, int side) { return pingPongMicros(pair, side, 9); });
-    std::printf("[ shm ] one-way latency, 8 B, both spinning: threads %.3f us, processes %.3f us\n", threads,
-                processes);
-  }
-  const double ring256k = inProcesses(ringOnly(), [](Pair& pair, int side) {
-    return streamGBps(pair, side, 256 << 10, 15, 16);
-  });
-  const double ring256kSum = inProcesses(ringOnly(), [](Pair& pair, int side) {
-    return streamGBps(pair, side, 256 << 10, 15, 16, sumElements<float>);
-  });
-  std::printf("[ shm ] ring, 256 KiB messages (1 MiB ring), processes: copy %.2f GB/s, float32 sum %.2f GB/s\n",
-              ring256k, ring256kSum);
-  const double direct64m =
-      inProcesses(PairOptions{}, [](Pair& pair, int side) { return streamGBps(pair, side, 64 * kMiB, 5, 1); });
-  const double direct64mSum = inProcesses(PairOptions{}, [](Pair& pair, int side) {
-    return streamGBps(pair, side, 64 * kMiB, 5, 1, sumElements<float>);
-  });
-  const double direct256k =
-      inProcesses(PairOptions{}, [](Pair& pair, int side) { return streamGBps(pair, side, 256 << 10, 15, 16); });
-  std::printf("[ shm ] direct copy (process_vm_readv), processes: 64 MiB copy %.2f GB/s, 64 MiB float32 sum "
-              "%.2f GB/s, 256 KiB copy %.2f GB/s\n",
-              direct64m, direct64mSum, direct256k);
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
 // envelope and size mismatches, mismatch notices, peeking at (and waking for) the next
 // message without a posted receive, peers that close or die, waitIdle
 // deadlines, transport selection (tcp, shm, auto, environment), stray connections, and
-// the same over forked processes. Ends with latency and bandwidth figures (printed, not
-// asserted).
+// the same over forked processes. (Latency and bandwidth figures:
+// benchmarks/transport_bench.cc.)
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -48,13 +48,17 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using test::ChildResult;
+using test::contains;
+using test::elapsedSince;
 using test::messageOf;
 using test::ScopedEnv;
 using test::RankFailure;
 using test::runProcesses;
 using test::runCommunicators;
 using test::runOnThreads;
+using test::SetOnExit;
 using test::testOptions;
+using test::waitForFlag;
 using transport::Accumulate;
 using transport::Envelope;
 using transport::EnvelopeMismatch;
@@ -65,12 +69,6 @@ const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 16 * kMiB};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-std::chrono::milliseconds elapsedSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Deterministic bytes that differ for every (seed, position): a wrong offset, a swapped
 // message or a stale buffer all show up. Cheap (one add per word), since the mesh tests
@@ -138,15 +136,6 @@ void waitAll(Communicator& c, const std::vector<Pair*>& pairs, std::chrono::mill
 }
 
 
-// Waits until another rank's thread sets flag; throws after timeout (that thread failed).
-void waitForFlag(const std::atomic<bool>& flag, std::chrono::milliseconds timeout = 20s) {
-  const auto deadline = Clock::now() + timeout;
-  while (!flag.load()) {
-    if (Clock::now() > deadline) throw std::runtime_error("the other rank never got there");
-    std::this_thread::sleep_for(1ms);
-  }
-}
-
 // Every rank sends a distinct pattern of each size to every peer while receiving from
 // every peer, all posted before waiting (both directions of each pair at once). The
 // buffers are allocated once; every size has its own patterns, so bytes that a receive
@@ -181,15 +170,6 @@ void exchangeEverySize(Communicator& c) {
           << "rank " << rank << " from " << peer << ", " << bytes << " bytes";
     }
   }
-}
-
-const char* kindName(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kAuto: return "auto";
-    case TransportKind::kTcp: return "tcp";
-    case TransportKind::kShm: return "shm";
-  }
-  return "?";
 }
 
 // The pair kind every peer of a same-host (thread or process) communicator gets.
@@ -237,7 +217,7 @@ TEST_P(MeshTest, EveryPairExchangesEverySizeBothWays) {
 }
 
 std::string meshName(const ::testing::TestParamInfo<std::tuple<TransportKind, int>>& info) {
-  return std::string(kindName(std::get<0>(info.param))) + "_size" + std::to_string(std::get<1>(info.param));
+  return std::string(transportKindName(std::get<0>(info.param))) + "_size" + std::to_string(std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, MeshTest,
@@ -398,7 +378,7 @@ TEST_P(PairTest, ClosedPeerFailsPendingReceiveAndSendQuickly) {
       posted = true;
       const auto start = Clock::now();
       const std::string message = messageOf<NetworkError>([&] { waitAll(*c, {&pair}, 10s); });
-      EXPECT_LT(elapsedSince(start), 1000ms) << message;
+      EXPECT_LT(elapsedSince(start), test::kPrompt) << message;  // not at the 10 s deadline
       EXPECT_TRUE(contains(message, "rank 1")) << message;
     });
   }
@@ -420,25 +400,13 @@ TEST_P(PairTest, WaitIdleTimeoutNamesPeer) {
     const std::string message = messageOf<TimeoutError>([&] { waitAll(*c, {&pair}, 300ms); });
     const auto elapsed = elapsedSince(start);
     done = true;
+    // At the 300 ms deadline, not before, and not much later.
     EXPECT_GE(elapsed, 300ms);
-    EXPECT_LT(elapsed, 500ms) << message;
+    EXPECT_LT(elapsed, 300ms + test::kLateBy) << message;
     EXPECT_TRUE(contains(message, "rank 1")) << message;
     EXPECT_TRUE(contains(message, "timed out after")) << message;
   });
 }
-
-// Sets a flag when it goes out of scope, however the scope ends: keeps a rank that waits
-// for it from waiting out its timeout after a failed expectation.
-class SetOnExit {
- public:
-  explicit SetOnExit(std::atomic<bool>& flag) : flag_(flag) {}
-  ~SetOnExit() { flag_ = true; }
-  SetOnExit(const SetOnExit&) = delete;
-  SetOnExit& operator=(const SetOnExit&) = delete;
-
- private:
-  std::atomic<bool>& flag_;
-};
 
 TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
   // Rank 1 expects `a` but rank 0 sends `b`: rank 1 gives up and sends a notice, which
@@ -478,7 +446,7 @@ TEST_P(PairTest, NoticeFailsThePeersReceiveWithTheSendersEnvelope) {
           waitAll(c, {&pair}, 10s);
           ADD_FAILURE() << "the receive completed";
         } catch (const EnvelopeMismatch& e) {
-          EXPECT_LT(elapsedSince(start), 1000ms);
+          EXPECT_LT(elapsedSince(start), test::kPrompt);  // from the notice, not at the 10 s deadline
           EXPECT_EQ(e.peerRank, 1);
           EXPECT_EQ(e.expected, envelope(7, 3, 4));
           EXPECT_EQ(e.actual, notice);
@@ -567,8 +535,8 @@ TEST_P(PairTest, PeekSeesWhatArrivedBeforeThePeerClosedThenFails) {
     waitAll(*c, {&pair});
     EXPECT_EQ(checkPattern(in.data(), 100, 7), "");
     const auto start = Clock::now();
-    const std::string message = messageOf<NetworkError>([&] { peekUntilArrived(pair, &seen, &bytes, 5s); });
-    EXPECT_LT(elapsedSince(start), 1000ms) << message;
+    const std::string message = messageOf<NetworkError>([&] { peekUntilArrived(pair, &seen, &bytes, 20s); });
+    EXPECT_LT(elapsedSince(start), test::kPrompt) << message;  // the close is seen, not the 20 s limit
     EXPECT_TRUE(contains(message, "rank 1")) << message;
     EXPECT_THROW(pair.peekIncoming(&seen, &bytes), NetworkError);  // failed for good
   });
@@ -596,10 +564,10 @@ TEST_P(PairTest, ArmWaitForIncomingWakesWithoutAPostedReceive) {
         EXPECT_FALSE(pair.peekIncoming(&seen, &bytes));
         armed = true;
         const auto start = Clock::now();
-        const int ready = ::poll(&pfd, 1, 5000);
+        const int ready = ::poll(&pfd, 1, 20000);
         pair.disarmWait();
         EXPECT_EQ(ready, 1);
-        EXPECT_LT(elapsedSince(start), 2000ms);
+        EXPECT_LT(elapsedSince(start), test::kPrompt);  // woken by the message, not the 20 s poll
         peekUntilArrived(pair, &seen, &bytes);
         EXPECT_EQ(seen, envelope(1));
         EXPECT_EQ(bytes, sizeof(value));
@@ -612,7 +580,7 @@ TEST_P(PairTest, ArmWaitForIncomingWakesWithoutAPostedReceive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PairTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
-                         [](const auto& info) { return std::string(kindName(info.param)); });
+                         [](const auto& info) { return std::string(transportKindName(info.param)); });
 
 TEST(TcpNotice, PartlySentMessageIsCutNotCorrupted) {
   // Rank 0 gives up in the middle of a send larger than the socket buffers: no notice can
@@ -633,8 +601,8 @@ TEST(TcpNotice, PartlySentMessageIsCutNotCorrupted) {
           Envelope notice = big;
           notice.noticeKind = 1;
           const auto start = Clock::now();
-          pair.sendNotice(notice, net::deadlineAfter(1s));
-          EXPECT_LT(elapsedSince(start), 500ms);  // skipped: nothing to wait for
+          pair.sendNotice(notice, net::deadlineAfter(20s));
+          EXPECT_LT(elapsedSince(start), test::kPrompt);  // skipped: it does not wait for its 20 s deadline
           std::fill(out.begin(), out.end(), uint8_t{0xab});  // would show in rank 1's data if still sent
           const std::string message = messageOf<NetworkError>([&] { pair.progress(); });
           EXPECT_TRUE(contains(message, "abandoned")) << message;
@@ -693,7 +661,9 @@ TEST(Rendezvous, MissingRankIsNamedAfterTimeout) {
     messages[static_cast<size_t>(rank)] =
         messageOf<StoreError>([&] { Communicator::create(store, rank, 3, testOptions(TransportKind::kTcp, 300ms)); });
   });
-  EXPECT_LT(elapsedSince(start), 2s);
+  // At the 300 ms connection deadline, not before, and not much later.
+  EXPECT_GE(elapsedSince(start), 300ms);
+  EXPECT_LT(elapsedSince(start), 300ms + test::kLateBy);
   for (const auto& message : messages) EXPECT_TRUE(contains(message, "rank 2 did not publish")) << message;
 }
 
@@ -716,8 +686,8 @@ TEST(Rendezvous, IncompatibleTransportsAreRejected) {
     messages[static_cast<size_t>(rank)] =
         messageOf<InvalidArgument>([&] { Communicator::create(store, rank, 2, testOptions(kind, 10s)); });
   });
-  // Both ranks see both records, so both refuse at once.
-  EXPECT_LT(elapsedSince(start), 2s);
+  // Both ranks see both records, so both refuse at once, not at their 10 s deadline.
+  EXPECT_LT(elapsedSince(start), test::kPrompt);
   EXPECT_TRUE(contains(messages[0], "rank 0 uses transport 'tcp' but rank 1 uses 'shm'")) << messages[0];
   EXPECT_TRUE(contains(messages[1], "rank 1 uses transport 'shm' but rank 0 uses 'tcp'")) << messages[1];
 }
@@ -784,7 +754,7 @@ TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
   const auto start = Clock::now();
   const std::string message = messageOf<NetworkError>(
       [&] { Communicator::create(store, 1, 2, testOptions(TransportKind::kAuto, 500ms)); });
-  EXPECT_LT(elapsedSince(start), 2s);
+  EXPECT_LT(elapsedSince(start), 500ms + test::kLateBy);  // gives up at its 500 ms deadline
   for (const std::string& part : {std::string("rank 1 could not connect to rank 0 (host 'elsewhere', pid 1, tcp 127.0.0.1:") +
                                       std::to_string(port) + ")",
                                   std::string("interface 'test0'"), std::string("RINGTREE_SOCKET_IFNAME")}) {
@@ -916,75 +886,12 @@ TEST_P(KilledPeerTest, SigkillMidTransferFailsTheOtherSideQuickly) {
   ASSERT_TRUE(r.exited && r.code == 0) << r.message;
   ASSERT_TRUE(contains(r.message, " ms: ") && contains(r.message, "rank 1")) << r.message;
   const long ms = std::stol(r.message);
-  EXPECT_LT(ms, 2000) << r.message;
-  std::printf("[ info ] %s: killed peer detected after %s\n", kindName(kind), r.message.c_str());
+  EXPECT_LT(ms, test::kPrompt.count()) << r.message;  // not at the 15 s deadline
+  std::printf("[ info ] %s: killed peer detected after %s\n", transportKindName(kind), r.message.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, KilledPeerTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
-                         [](const auto& info) { return std::string(kindName(info.param)); });
-
-// ---------------------------------------------------------------------------------------
-// Performance sanity (printed, not asserted).
-
-class PerfTest : public ::testing::TestWithParam<TransportKind> {};
-
-TEST_P(PerfTest, PingPongLatencyAndStreamingBandwidth) {
-  const TransportKind kind = GetParam();
-  double oneWayUs = 0;
-  double gbPerS = 0;
-  runCommunicators(
-      2,
-      [&](int rank, Communicator& c) {
-        Pair& pair = c.impl().pair(1 - rank);
-        uint64_t value = 0;
-        constexpr int kWarmup = 200;
-        constexpr int kIterations = 3000;
-        Clock::time_point start;
-        for (int i = 0; i < kWarmup + kIterations; ++i) {
-          if (i == kWarmup) start = Clock::now();
-          if (rank == 0) {
-            pair.postSend(envelope(static_cast<uint64_t>(i)), &value, 8);
-            pair.postRecv(envelope(static_cast<uint64_t>(i)), &value, 8);
-          } else {
-            pair.postRecv(envelope(static_cast<uint64_t>(i)), &value, 8);
-            waitAll(c, {&pair});
-            pair.postSend(envelope(static_cast<uint64_t>(i)), &value, 8);
-          }
-          waitAll(c, {&pair});
-        }
-        if (rank == 0) {
-          oneWayUs = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kIterations / 2;
-        }
-        std::vector<uint8_t> buffer(64 * kMiB, 1);
-        constexpr int kRounds = 6;
-        for (int round = 0; round < kRounds; ++round) {
-          if (round == 1) start = Clock::now();
-          if (rank == 0) {
-            pair.postSend(envelope(1000 + static_cast<uint64_t>(round)), buffer.data(), buffer.size());
-          } else {
-            pair.postRecv(envelope(1000 + static_cast<uint64_t>(round)), buffer.data(), buffer.size());
-          }
-          waitAll(c, {&pair});
-        }
-        // An 8-byte acknowledgement so that the sender's clock covers the last delivery.
-        if (rank == 0) {
-          pair.postRecv(envelope(2000), &value, 8);
-        } else {
-          pair.postSend(envelope(2000), &value, 8);
-        }
-        waitAll(c, {&pair});
-        if (rank == 0) {
-          gbPerS = static_cast<double>(buffer.size()) * (kRounds - 1) /
-                   std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
-        }
-      },
-      testOptions(kind));
-  std::printf("[ perf ] %s pair, 2 threads: 8-byte one-way latency %.2f us, 64 MiB streaming %.2f GB/s\n",
-              kindName(kind), oneWayUs, gbPerS);
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, PerfTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
-                         [](const auto& info) { return std::string(kindName(info.param)); });
+                         [](const auto& info) { return std::string(transportKindName(info.param)); });
 
 }  // namespace
 }  // namespace ringtree

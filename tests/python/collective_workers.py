@@ -128,6 +128,11 @@ def op_argument(op, case: int):
     return op if case % 2 == 0 else ReduceOp(op)
 
 
+def mode(async_op: bool) -> str:
+    """How a case ran, for its name."""
+    return "async" if async_op else "sync"
+
+
 def run(fn, *args, async_op: bool, **kwargs) -> None:
     if not async_op:
         result = fn(*args, **kwargs)
@@ -146,15 +151,39 @@ def init(rank: int, world_size: int, port: int, timeout_s: float = 60.0) -> None
                             timeout=timedelta(seconds=timeout_s))
 
 
+def last_collective() -> str:
+    """The description of the default group's latest collective call, from the flight
+    recorder (it names the algorithm that ran, the dtype, count, op and root)."""
+    try:
+        entries = dist.dump_flight_recorder()
+    except Exception as exc:  # noqa: BLE001 - only decorates a failure report
+        return f"no flight record ({type(exc).__name__})"
+    return entries[-1]["description"] if entries else "no collective recorded"
+
+
 class Checker:
+    """Counts the cases run and the ones that failed; keeps the names of the first
+    KEPT failures, each with the collective call that ran last (last_collective()), so
+    that a report says which case failed and which algorithm ran it."""
+
+    KEPT = 20
+
     def __init__(self) -> None:
         self.cases = 0
+        self.failed = 0
         self.failures: list[str] = []
 
     def __call__(self, ok: bool, what: str) -> None:
         self.cases += 1
-        if not ok and len(self.failures) < 20:
-            self.failures.append(what)
+        if ok:
+            return
+        self.failed += 1
+        if len(self.failures) < self.KEPT:
+            self.failures.append(f"{what} [last call: {last_collective()}]")
+
+    def summary(self) -> dict:
+        """The JSON-able result a test reports with harness.failed_cases()."""
+        return {"cases": self.cases, "failed": self.failed, "failures": self.failures}
 
 
 def expect_raises(check: Checker, name: str, error: type, call) -> None:
@@ -180,7 +209,8 @@ def torch_grid(rank: int, world_size: int, check: Checker) -> None:
                 ptr = t.data_ptr()
                 run(dist.broadcast, t, src=root, async_op=case % 2 == 1)
                 expected = make_input(root, world_size, count, dtype, SUM, case)
-                check(same_bits(t, expected) and t.data_ptr() == ptr, f"broadcast {dtype} n={count} src={root}")
+                check(same_bits(t, expected) and t.data_ptr() == ptr,
+                      f"broadcast {dtype} n={count} src={root} {mode(case % 2 == 1)}")
             for op in valid_ops(dtype):
                 case += 1
                 stack = torch.stack([make_input(r, world_size, count, dtype, op, case) for r in range(world_size)])
@@ -188,13 +218,15 @@ def torch_grid(rank: int, world_size: int, check: Checker) -> None:
                 t = stack[rank].clone()
                 ptr = t.data_ptr()
                 run(dist.all_reduce, t, op_argument(op, case), async_op=case % 2 == 1)
-                check(same_bits(t, expected) and t.data_ptr() == ptr, f"all_reduce {dtype} {op.name} n={count}")
+                check(same_bits(t, expected) and t.data_ptr() == ptr,
+                      f"all_reduce {dtype} {op.name} n={count} {mode(case % 2 == 1)}")
                 roots = range(world_size) if count < LARGE else [case % world_size]
                 for root in roots:
                     t = stack[rank].clone()
                     run(dist.reduce, t, dst=root, op=op_argument(op, case + root), async_op=(case + root) % 2 == 0)
                     want = expected if rank == root else stack[rank]
-                    check(same_bits(t, want), f"reduce {dtype} {op.name} n={count} dst={root}")
+                    check(same_bits(t, want),
+                          f"reduce {dtype} {op.name} n={count} dst={root} {mode((case + root) % 2 == 0)}")
 
 
 def numpy_grid(rank: int, world_size: int, check: Checker) -> None:
@@ -207,19 +239,22 @@ def numpy_grid(rank: int, world_size: int, check: Checker) -> None:
             a = make_input(rank, world_size, count, dtype, SUM, case).numpy().copy()
             run(dist.broadcast, a, src=root, async_op=case % 2 == 1)
             expected = make_input(root, world_size, count, dtype, SUM, case)
-            check(same_bits(torch.from_numpy(a), expected), f"numpy broadcast {dtype} n={count} src={root}")
+            check(same_bits(torch.from_numpy(a), expected),
+                  f"numpy broadcast {dtype} n={count} src={root} {mode(case % 2 == 1)}")
             for op in valid_ops(dtype):
                 case += 1
                 stack = torch.stack([make_input(r, world_size, count, dtype, op, case) for r in range(world_size)])
                 expected = expected_reduction(stack, op, world_size)
                 a = stack[rank].numpy().copy()
                 run(dist.all_reduce, a, op_argument(op, case), async_op=case % 2 == 1)
-                check(same_bits(torch.from_numpy(a), expected), f"numpy all_reduce {dtype} {op.name} n={count}")
+                check(same_bits(torch.from_numpy(a), expected),
+                      f"numpy all_reduce {dtype} {op.name} n={count} {mode(case % 2 == 1)}")
                 root = case % world_size
                 a = stack[rank].numpy().copy()
                 run(dist.reduce, a, dst=root, op=op_argument(op, case), async_op=case % 2 == 0)
                 want = expected if rank == root else stack[rank]
-                check(same_bits(torch.from_numpy(a), want), f"numpy reduce {dtype} {op.name} n={count} dst={root}")
+                check(same_bits(torch.from_numpy(a), want),
+                      f"numpy reduce {dtype} {op.name} n={count} dst={root} {mode(case % 2 == 0)}")
 
 
 def ordering(rank: int, world_size: int, check: Checker) -> None:
@@ -321,7 +356,7 @@ def grid(rank: int, world_size: int, port: int, transports: list[str]) -> dict:
         torch_grid(rank, world_size, check)
         numpy_grid(rank, world_size, check)
         dist.destroy_process_group()
-        summaries[transport] = {"cases": check.cases, "failures": check.failures, "reached": reached}
+        summaries[transport] = {**check.summary(), "reached": reached}
     return summaries
 
 
@@ -340,6 +375,9 @@ def waits_timeouts_and_mismatch(rank: int, world_size: int, port: int) -> dict:
     new group, the ranks disagree on an element count: CollectiveMismatchError, raised
     by Work.wait() and returned by Work.exception()."""
     init(rank, world_size, port, timeout_s=30.0)
+    # Rank 0 says here when its timeouts have expired; rank 1 waits for that instead of
+    # sleeping a guess, so the timeouts expire however slow the machine is.
+    control = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=30))
     out: dict = {}
     # A Python thread keeps running while this thread blocks in a collective.
     counter = [0]
@@ -363,18 +401,20 @@ def waits_timeouts_and_mismatch(rank: int, world_size: int, port: int) -> dict:
     # Work.wait(timeout) expires; the all_reduce goes on and completes later.
     t = torch.full((1023,), float(rank + 1))
     if rank == 1:
-        time.sleep(0.5)
+        control.wait(["failure_cases/wait_expired"])
     work = dist.all_reduce(t, async_op=True)
-    try:
-        work.wait(timedelta(milliseconds=50))
-        out["wait_timeout"] = None
-    except dist.DistTimeoutError as exc:
-        out["wait_timeout"] = str(exc)
+    if rank == 0:
+        try:
+            work.wait(timedelta(milliseconds=50))
+            out["wait_timeout"] = None
+        except dist.DistTimeoutError as exc:
+            out["wait_timeout"] = str(exc)
+        control.set("failure_cases/wait_expired", "1")
     out["completed_after_timeout"] = work.wait() is True and torch.equal(t, torch.full((1023,), 3.0))
 
     # barrier(timeout=) expires on rank 0 while rank 1 is away.
     if rank == 1:
-        time.sleep(1.0)
+        control.wait(["failure_cases/barrier_expired"])
     start = time.monotonic()
     try:
         dist.barrier(timeout=timedelta(milliseconds=300) if rank == 0 else timedelta(seconds=3))
@@ -382,6 +422,8 @@ def waits_timeouts_and_mismatch(rank: int, world_size: int, port: int) -> dict:
     except dist.DistError as exc:
         out["barrier_error"] = type(exc).__name__
     out["barrier_elapsed"] = time.monotonic() - start
+    if rank == 0:
+        control.set("failure_cases/barrier_expired", "1")
     dist.destroy_process_group()
 
     init(rank, world_size, port, timeout_s=10.0)

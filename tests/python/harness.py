@@ -23,6 +23,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULT_PREFIX = "RINGTREE_TEST_RESULT "
 
+# Bounds of timing assertions (as tests/cpp/harness/test_util.h). The suite runs on loaded
+# two-core machines, where a process may wait a second or more for a core: an upper bound
+# tells "at once" or "near its deadline" from "after a fallback timeout" or "never", and
+# each test keeps its fallbacks (group and store timeouts) well beyond it.
+PROMPT_S = 5.0  # what needs no waiting: a failure reaching a peer, an abort, a refusal
+LATE_BY_S = 3.0  # how late after its deadline a timeout may fire (never before it)
+
 
 def free_port() -> int:
     """A port that was free a moment ago (tests of rank-0-hosted rendezvous need a fixed
@@ -41,6 +48,16 @@ def _child_main(target: str, rank: int, world_size: int, kwargs_json: str) -> No
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         result = {"error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def failed_cases(summary: dict, where: str) -> str:
+    """The assertion message for a worker's Checker summary (collective_workers.Checker):
+    where it ran (world size, rank, transport), how many of its cases failed, then each
+    failed case that it kept, one a line."""
+    lines = [f"{where}: {summary['failed']} of {summary['cases']} cases failed", *summary["failures"]]
+    if summary["failed"] > len(summary["failures"]):
+        lines.append(f"... and {summary['failed'] - len(summary['failures'])} more")
+    return "\n  ".join(lines)
 
 
 def run_world(

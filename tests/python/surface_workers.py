@@ -29,6 +29,7 @@ from collective_workers import (
     expect_raises,
     expected_reduction,
     make_input,
+    mode,
     op_argument,
     run,
     same_bits,
@@ -66,36 +67,40 @@ def family_torch(rank: int, n: int, check: Checker) -> None:
             inputs = [piece(r, n, counts[r], dtype, case) for r in range(n)]
             outs = [torch.empty(c, dtype=dtype) for c in counts]
             run(dist.all_gather, outs, inputs[rank].clone(), async_op=async_op)
-            check(all(map(same_bits, outs, inputs)), f"all_gather {dtype} base={base}")
+            check(all(map(same_bits, outs, inputs)), f"all_gather {dtype} base={base} {mode(async_op)}")
             outs = [torch.zeros(c, dtype=dtype) for c in counts]
             outs[rank].copy_(inputs[rank])
             run(dist.all_gather, outs, outs[rank], async_op=not async_op)
-            check(all(map(same_bits, outs, inputs)), f"all_gather in place {dtype} base={base}")
+            check(all(map(same_bits, outs, inputs)), f"all_gather in place {dtype} base={base} {mode(not async_op)}")
 
             equal = [piece(r, n, base, dtype, case) for r in range(n)]
             out = torch.empty(n * base, dtype=dtype)
             run(dist.all_gather_single, out, equal[rank].clone(), async_op=async_op)
-            check(same_bits(out, torch.cat(equal)), f"all_gather_single {dtype} base={base}")
+            check(same_bits(out, torch.cat(equal)), f"all_gather_single {dtype} base={base} {mode(async_op)}")
             stacked = torch.zeros(n, base, dtype=dtype)
             stacked[rank].copy_(equal[rank])
             run(dist.all_gather_single, stacked, stacked[rank], async_op=not async_op)
-            check(same_bits(stacked, torch.stack(equal)), f"all_gather_single in place {dtype} base={base}")
+            check(same_bits(stacked, torch.stack(equal)),
+                  f"all_gather_single in place {dtype} base={base} {mode(not async_op)}")
 
             for root in range(n):
                 gather_list = [torch.empty(base, dtype=dtype) for _ in range(n)] if rank == root else None
                 run(dist.gather, equal[rank].clone(), gather_list, dst=root, async_op=(case + root) % 2 == 0)
-                check(rank != root or all(map(same_bits, gather_list, equal)), f"gather {dtype} base={base} dst={root}")
+                check(rank != root or all(map(same_bits, gather_list, equal)),
+                      f"gather {dtype} base={base} dst={root} {mode((case + root) % 2 == 0)}")
                 scatter_list = [e.clone() for e in equal] if rank == root else None
                 out = torch.empty(base, dtype=dtype)
                 run(dist.scatter, out, scatter_list, src=root, async_op=(case + root) % 2 == 1)
-                check(same_bits(out, equal[rank]), f"scatter {dtype} base={base} src={root}")
+                check(same_bits(out, equal[rank]),
+                      f"scatter {dtype} base={base} src={root} {mode((case + root) % 2 == 1)}")
 
             def sent(p: int, q: int) -> torch.Tensor:  # what rank p sends rank q
                 return piece(p * n + q, n, base + (p + 2 * q) % 3, dtype, case)
 
             outs = [torch.empty(base + (p + 2 * rank) % 3, dtype=dtype) for p in range(n)]
             run(dist.all_to_all, outs, [sent(rank, q) for q in range(n)], async_op=async_op)
-            check(all(same_bits(outs[p], sent(p, rank)) for p in range(n)), f"all_to_all {dtype} base={base}")
+            check(all(same_bits(outs[p], sent(p, rank)) for p in range(n)),
+                  f"all_to_all {dtype} base={base} {mode(async_op)}")
 
             rows = [[(p + q + base) % 3 for q in range(n)] for p in range(n)]  # rows[p][q]: p sends q
             send_rows = [piece(rank * n + q, n, 2 * rows[rank][q], dtype, case).reshape(-1, 2) for q in range(n)]
@@ -104,12 +109,12 @@ def family_torch(rank: int, n: int, check: Checker) -> None:
                 async_op=async_op)
             expected = torch.cat([piece(p * n + rank, n, 2 * rows[p][rank], dtype, case).reshape(-1, 2)
                                   for p in range(n)])
-            check(same_bits(output, expected), f"all_to_all_single splits {dtype} base={base}")
+            check(same_bits(output, expected), f"all_to_all_single splits {dtype} base={base} {mode(async_op)}")
             output = torch.empty(n * base, dtype=dtype)
             whole = torch.cat([piece(rank * n + q, n, base, dtype, case) for q in range(n)])
             run(dist.all_to_all_single, output, whole, async_op=not async_op)
             expected = torch.cat([piece(p * n + rank, n, base, dtype, case) for p in range(n)])
-            check(same_bits(output, expected), f"all_to_all_single equal {dtype} base={base}")
+            check(same_bits(output, expected), f"all_to_all_single equal {dtype} base={base} {mode(not async_op)}")
 
             for op in valid_ops(dtype):
                 case += 1
@@ -122,7 +127,8 @@ def family_torch(rank: int, n: int, check: Checker) -> None:
                 in_place = case % 3 == 0
                 out = input_list[rank] if in_place else torch.empty(counts[rank], dtype=dtype)
                 run(dist.reduce_scatter, out, input_list, op_argument(op, case), async_op=case % 2 == 0)
-                check(same_bits(out, want), f"reduce_scatter {dtype} {op.name} base={base} in_place={in_place}")
+                check(same_bits(out, want),
+                      f"reduce_scatter {dtype} {op.name} base={base} in_place={in_place} {mode(case % 2 == 0)}")
 
                 def equal_part(p: int, q: int) -> torch.Tensor:
                     return piece(p, n, base, dtype, case + 17 * q, op)
@@ -131,7 +137,8 @@ def family_torch(rank: int, n: int, check: Checker) -> None:
                 whole = torch.stack([equal_part(rank, q) for q in range(n)])
                 out = whole[rank] if in_place else torch.empty(base, dtype=dtype)
                 run(dist.reduce_scatter_single, out, whole, op_argument(op, case), async_op=case % 2 == 1)
-                check(same_bits(out, want), f"reduce_scatter_single {dtype} {op.name} base={base} in_place={in_place}")
+                check(same_bits(out, want),
+                      f"reduce_scatter_single {dtype} {op.name} base={base} in_place={in_place} {mode(case % 2 == 1)}")
 
 
 def family_large_and_numpy(rank: int, n: int, check: Checker) -> None:
@@ -140,16 +147,16 @@ def family_large_and_numpy(rank: int, n: int, check: Checker) -> None:
     inputs = [piece(r, n, counts[r], torch.float32, 1) for r in range(n)]
     outs = [torch.empty(c) for c in counts]
     dist.all_gather(outs, inputs[rank])
-    check(all(map(same_bits, outs, inputs)), "all_gather large")
+    check(all(map(same_bits, outs, inputs)), f"all_gather float32 n={LARGE}-3*rank")
     input_list = [piece(rank, n, counts[q], torch.int32, 2 + q) for q in range(n)]
     want = sum(piece(p, n, counts[rank], torch.int32, 2 + rank) for p in range(n))
     out = torch.empty(counts[rank], dtype=torch.int32)
     dist.reduce_scatter(out, input_list)
-    check(same_bits(out, want), "reduce_scatter large")
+    check(same_bits(out, want), f"reduce_scatter int32 SUM n={LARGE}-3*rank")
     output = torch.empty(n * LARGE, dtype=torch.float64)
     dist.all_to_all_single(output, torch.cat([piece(rank * n + q, n, LARGE, torch.float64, 3) for q in range(n)]))
     check(same_bits(output, torch.cat([piece(p * n + rank, n, LARGE, torch.float64, 3) for p in range(n)])),
-          "all_to_all_single large")
+          f"all_to_all_single float64 n={LARGE}")
 
     for case, dtype in enumerate(NUMPY_DTYPES):
         counts = [7 + r for r in range(n)]
@@ -157,22 +164,24 @@ def family_large_and_numpy(rank: int, n: int, check: Checker) -> None:
         outs = [np.empty(c, dtype=inputs[0].dtype) for c in counts]
         run(dist.all_gather, outs, inputs[rank], async_op=case % 2 == 0)
         check(all(same_bits(torch.from_numpy(o), torch.from_numpy(i)) for o, i in zip(outs, inputs)),
-              f"numpy all_gather {dtype}")
+              f"numpy all_gather {dtype} n=7+rank {mode(case % 2 == 0)}")
         whole = np.concatenate([piece(rank, n, 5, dtype, case + 17 * q).numpy() for q in range(n)])
         out = np.empty(5, dtype=whole.dtype)
         run(dist.reduce_scatter_single, out, whole, async_op=case % 2 == 1)
         want = expected_reduction(torch.stack([piece(p, n, 5, dtype, case + 17 * rank) for p in range(n)]), SUM, n)
-        check(same_bits(torch.from_numpy(out), want), f"numpy reduce_scatter_single {dtype}")
+        check(same_bits(torch.from_numpy(out), want),
+              f"numpy reduce_scatter_single {dtype} SUM n=5 {mode(case % 2 == 1)}")
         output = np.empty(3 * n, dtype=whole.dtype)
         run(dist.all_to_all_single, output,
             np.concatenate([piece(rank * n + q, n, 3, dtype, case).numpy() for q in range(n)]), async_op=case % 2 == 0)
         want = torch.cat([piece(p * n + rank, n, 3, dtype, case) for p in range(n)])
-        check(same_bits(torch.from_numpy(output), want), f"numpy all_to_all_single {dtype}")
+        check(same_bits(torch.from_numpy(output), want), f"numpy all_to_all_single {dtype} n=3 {mode(case % 2 == 0)}")
         root = case % n
         scatter_list = [piece(r, n, 4, dtype, case).numpy() for r in range(n)] if rank == root else None
         out = np.empty(4, dtype=whole.dtype)
         run(dist.scatter, out, scatter_list, src=root, async_op=case % 2 == 1)
-        check(same_bits(torch.from_numpy(out), piece(rank, n, 4, dtype, case)), f"numpy scatter {dtype}")
+        check(same_bits(torch.from_numpy(out), piece(rank, n, 4, dtype, case)),
+              f"numpy scatter {dtype} n=4 src={root} {mode(case % 2 == 1)}")
 
 
 def family_coalesced(rank: int, n: int, check: Checker) -> None:
@@ -191,7 +200,8 @@ def coalesced(rank: int, n: int, check: Checker) -> None:
         wants = [expected_reduction(torch.stack([piece(p, n, size, dtype, case * 7 + i, op) for p in range(n)]), op, n)
                  for i, size in enumerate(sizes)]
         run(dist.all_reduce_coalesced, tensors, op_argument(op, case), async_op=case % 2 == 1)
-        check(all(map(same_bits, tensors, wants)), f"all_reduce_coalesced {dtype} {op.name}")
+        check(all(map(same_bits, tensors, wants)),
+              f"all_reduce_coalesced {dtype} {op.name} sizes={sizes} {mode(case % 2 == 1)}")
     single = piece(rank, n, 5, torch.int16, 9)
     dist.all_reduce_coalesced(single)
     check(same_bits(single, sum(piece(p, n, 5, torch.int16, 9) for p in range(n)).to(torch.int16)),
@@ -213,45 +223,50 @@ def family_algorithms(rank: int, n: int, check: Checker, shm: bool) -> None:
         for algorithm in algorithms:
             if algorithm == "shm_direct" and not shm:
                 continue
-            what = f"{name} algorithm={algorithm}"
+            what = f"algorithm={algorithm}"
             if name == "all_gather":
                 outs = [torch.empty(1000 + r) for r in range(n)]
                 dist.all_gather(outs, piece(rank, n, 1000 + rank, torch.float32, 5), algorithm=algorithm)
-                check(all(same_bits(outs[r], piece(r, n, 1000 + r, torch.float32, 5)) for r in range(n)), what)
+                check(all(same_bits(outs[r], piece(r, n, 1000 + r, torch.float32, 5)) for r in range(n)),
+                      f"all_gather float32 n=1000+rank {what}")
                 out = torch.empty(n, 999)
                 dist.all_gather_single(out, piece(rank, n, 999, torch.float32, 6), algorithm=algorithm)
-                check(same_bits(out, torch.stack([piece(r, n, 999, torch.float32, 6) for r in range(n)])), what)
+                check(same_bits(out, torch.stack([piece(r, n, 999, torch.float32, 6) for r in range(n)])),
+                      f"all_gather_single float32 n=999 {what}")
             elif name == "reduce_scatter":
                 out = torch.empty(1000 + rank, dtype=torch.int32)
                 dist.reduce_scatter(out, [piece(rank, n, 1000 + q, torch.int32, 7 + q) for q in range(n)],
                                     algorithm=algorithm)
-                check(same_bits(out, sum(piece(p, n, 1000 + rank, torch.int32, 7 + rank) for p in range(n))), what)
+                check(same_bits(out, sum(piece(p, n, 1000 + rank, torch.int32, 7 + rank) for p in range(n))),
+                      f"reduce_scatter int32 SUM n=1000+rank {what}")
                 out = torch.empty(999, dtype=torch.int32)
                 dist.reduce_scatter_single(out, torch.cat([piece(rank, n, 999, torch.int32, 9 + q) for q in range(n)]),
                                            algorithm=algorithm)
-                check(same_bits(out, sum(piece(p, n, 999, torch.int32, 9 + rank) for p in range(n))), what)
+                check(same_bits(out, sum(piece(p, n, 999, torch.int32, 9 + rank) for p in range(n))),
+                      f"reduce_scatter_single int32 SUM n=999 {what}")
             elif name == "all_to_all":
                 outs = [torch.empty(100 + p + rank) for p in range(n)]
                 dist.all_to_all(outs, [piece(rank * n + q, n, 100 + rank + q, torch.float32, 8) for q in range(n)],
                                 algorithm=algorithm)
                 check(all(same_bits(outs[p], piece(p * n + rank, n, 100 + p + rank, torch.float32, 8))
-                          for p in range(n)), what)
+                          for p in range(n)), f"all_to_all float32 n=100+p+q {what}")
                 output = torch.empty(n * 50)
                 whole = torch.cat([piece(rank * n + q, n, 50, torch.float32, 9) for q in range(n)])
                 dist.all_to_all_single(output, whole, algorithm=algorithm)
                 want = torch.cat([piece(p * n + rank, n, 50, torch.float32, 9) for p in range(n)])
-                check(same_bits(output, want), what)
+                check(same_bits(output, want), f"all_to_all_single float32 n=50 {what}")
             else:
                 root = n - 1
                 data = [piece(r, n, 1000, torch.float32, 10) for r in range(n)]
                 if name == "gather":
                     gather_list = [torch.empty(1000) for _ in range(n)] if rank == root else None
                     dist.gather(data[rank], gather_list, dst=root, algorithm=algorithm)
-                    check(rank != root or all(map(same_bits, gather_list, data)), what)
+                    check(rank != root or all(map(same_bits, gather_list, data)),
+                          f"gather float32 n=1000 dst={root} {what}")
                 else:
                     out = torch.empty(1000)
                     dist.scatter(out, data if rank == root else None, src=root, algorithm=algorithm)
-                    check(same_bits(out, data[rank]), what)
+                    check(same_bits(out, data[rank]), f"scatter float32 n=1000 src={root} {what}")
 
 
 def family_errors(rank: int, n: int, check: Checker) -> None:
@@ -590,11 +605,11 @@ def surface(rank: int, world_size: int, port: int, transport: str) -> dict:
         check = Checker()
         for step in steps:
             step(rank, world_size, check)
-        summaries[area] = {"cases": check.cases, "failures": check.failures}
+        summaries[area] = check.summary()
     if world_size >= 3:
         check = Checker()
         subgroup_cases(rank, world_size, check)
-        summaries["subgroup"] = {"cases": check.cases, "failures": check.failures}
+        summaries["subgroup"] = check.summary()
     if world_size == 2:
         summaries["mismatches"] = mismatches(rank, world_size)
     dist.destroy_process_group()

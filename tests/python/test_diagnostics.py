@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import ringtree as dist
-from harness import run_world
+from harness import PROMPT_S, run_world
 
 ENTRY_KEYS = {"seq", "collective", "algorithm", "dtype", "count", "root", "op", "description", "state", "error",
               "start_time", "end_time", "duration_us"}
@@ -134,10 +134,12 @@ def test_abort_interrupts_a_blocked_collective_and_the_process_can_init_again(tr
     failure = rank0["failure"]
     assert failure["error"] == "DistBackendError", failure
     assert "allreduce(seq=2" in failure["message"] and "was aborted" in failure["message"], failure
-    assert failure["after_abort_s"] < 1.0, failure
-    assert rank0["abort_s"] < 1.0 and rank0["initialized_after_abort"] is False
+    # The blocked call fails, abort returns and the peer's destroy returns at once, not at
+    # the 30 s group timeout.
+    assert failure["after_abort_s"] < PROMPT_S, failure
+    assert rank0["abort_s"] < PROMPT_S and rank0["initialized_after_abort"] is False
     assert rank1["peer_error"] == "DistNetworkError"
-    assert rank1["destroy_s"] < 2.0
+    assert rank1["destroy_s"] < PROMPT_S
     for result in (rank0, rank1):
         assert result["after"] == [3.0] * 4
         assert "has been aborted" in result["after_abort_error"], result

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ringtree as dist
+from harness import failed_cases
 from surface_workers import WORLDS, launch
 
 FAMILY = ["all_gather", "all_gather_single", "gather", "scatter", "reduce_scatter", "reduce_scatter_single",
@@ -22,7 +23,8 @@ FAMILY = ["all_gather", "all_gather_single", "gather", "scatter", "reduce_scatte
 @pytest.mark.parametrize("world_size", [1, *sorted(WORLDS)])
 def test_family_grid(world_size):
     for rank, summary in enumerate(launch()[world_size]):
-        assert summary["family"]["failures"] == [], f"rank {rank}: {summary['family']['failures']}"
+        assert not summary["family"]["failures"], failed_cases(
+            summary["family"], f"world of {world_size}, rank {rank}")
         assert summary["family"]["cases"] > 1000
 
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 import ringtree
-from harness import free_port, run_world
+from harness import LATE_BY_S, free_port, run_world
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -123,7 +123,7 @@ def test_store_timeout_names_key_and_comes_back_in_time():
         if "Address already in use" not in results[0].get("message", ""):
             break
     value = results[0]["ok"]
-    assert 0.25 <= value["elapsed"] < 1.3
+    assert 0.25 <= value["elapsed"] < 0.3 + LATE_BY_S  # at its 300 ms deadline, not much later
     assert "never-set" in value["message"]
     assert "300" in value["message"]
 
@@ -233,7 +233,7 @@ def test_unreachable_store_is_a_network_error_within_timeout(monkeypatch):
         ringtree.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
                                     timeout=timedelta(seconds=1))
     elapsed = time.monotonic() - start
-    assert 0.5 <= elapsed < 3.0, elapsed
+    assert 0.5 <= elapsed < 1.0 + LATE_BY_S, elapsed  # gives up at its 1 s deadline
     assert isinstance(info.value, ConnectionError)
     assert not ringtree.is_initialized()
 

@@ -10,6 +10,7 @@ import pickle
 import pytest
 
 import ringtree as dist
+from harness import failed_cases
 from surface_workers import WORLDS, launch
 
 NAMES = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list", "send_object_list",
@@ -19,7 +20,8 @@ NAMES = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter
 @pytest.mark.parametrize("world_size", [1, *sorted(WORLDS)])
 def test_object_grid(world_size):
     for rank, summary in enumerate(launch()[world_size]):
-        assert summary["objects"]["failures"] == [], f"rank {rank}: {summary['objects']['failures']}"
+        assert not summary["objects"]["failures"], failed_cases(
+            summary["objects"], f"world of {world_size}, rank {rank}")
         assert summary["objects"]["cases"] >= 14
 
 

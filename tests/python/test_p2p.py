@@ -9,13 +9,15 @@ import pytest
 import torch
 
 import ringtree as dist
+from harness import failed_cases
 from surface_workers import WORLDS, launch
 
 
 @pytest.mark.parametrize("world_size", [1, *sorted(WORLDS)])
 def test_point_to_point_grid(world_size):
     for rank, summary in enumerate(launch()[world_size]):
-        assert summary["p2p"]["failures"] == [], f"rank {rank}: {summary['p2p']['failures']}"
+        assert not summary["p2p"]["failures"], failed_cases(
+            summary["p2p"], f"world of {world_size}, rank {rank}")
         assert summary["p2p"]["cases"] >= (11 if world_size == 1 else 70)
 
 
@@ -24,7 +26,8 @@ def test_subgroup_ranks(world_size):
     """Collectives, point-to-point and objects on a subgroup whose group ranks differ from
     the global ones (surface_workers.subgroup_cases)."""
     for rank, summary in enumerate(launch()[world_size]):
-        assert summary["subgroup"]["failures"] == [], f"rank {rank}: {summary['subgroup']['failures']}"
+        assert not summary["subgroup"]["failures"], failed_cases(
+            summary["subgroup"], f"world of {world_size}, rank {rank}")
         assert summary["subgroup"]["cases"] >= 3
 
 

@@ -12,9 +12,10 @@ from harness import run_world
 def test_results_and_futures_of_async_operations():
     pytest.importorskip("torch")
     server = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    for result in run_world("workers:work_results_and_futures", 2, port=server.port,
-                            env={"RINGTREE_TRANSPORT": "shm"}):
-        assert result["ok"]["failures"] == [], result["ok"]["failures"]
+    for rank, result in enumerate(run_world("workers:work_results_and_futures", 2, port=server.port,
+                                            env={"RINGTREE_TRANSPORT": "shm"})):
+        failures = result["ok"]["failures"]
+        assert not failures, f"rank {rank}: " + "\n  ".join(failures)
 
 
 def test_result_and_future_in_one_process(world1):

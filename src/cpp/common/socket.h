@@ -29,7 +29,8 @@ Deadline deadlineAfter(std::chrono::milliseconds timeout);
 // the deadline has passed, -1 for kNoDeadline, capped at INT_MAX.
 int pollTimeoutMs(Deadline deadline);
 
-// strerror_r text of an errno value.
+// strerror_r text of an errno value; the one errno describer of the library (the
+// stores use it too).
 std::string errnoText(int error);
 
 // Owns a file descriptor and closes it on destruction. Move-only.

@@ -8,13 +8,13 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <system_error>
 #include <thread>
 #include <utility>
 
 #include <ringtree/error.h>
 
 #include "common/logging.h"
+#include "common/socket.h"
 #include "store/store_util.h"
 
 namespace ringtree {
@@ -39,8 +39,6 @@ constexpr std::chrono::microseconds kFirstPoll(100);
 constexpr std::chrono::microseconds kLongestPoll(4000);
 // Longer timeouts are clamped to this, so that now() + timeout cannot overflow.
 constexpr Store::Timeout kLongestWait = std::chrono::hours(24 * 365 * 100);
-
-std::string errnoText(int error) { return std::error_code(error, std::generic_category()).message(); }
 
 uint32_t loadLe32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
@@ -87,7 +85,7 @@ class FileLock {
     request.l_whence = SEEK_SET;
     while (::fcntl(fd_, F_OFD_SETLKW, &request) != 0) {
       if (errno != EINTR) {
-        throw StoreError("FileStore '" + path + "': cannot lock the file: " + errnoText(errno));
+        throw StoreError("FileStore '" + path + "': cannot lock the file: " + net::errnoText(errno));
       }
     }
   }
@@ -123,7 +121,7 @@ class FileStore::Impl {
     for (;;) {
       Fd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
       if (fd.get() < 0) {
-        throw StoreError("FileStore '" + path_ + "': cannot open: " + errnoText(errno));
+        throw StoreError("FileStore '" + path_ + "': cannot open: " + net::errnoText(errno));
       }
       FileLock lock(fd.get(), path_, true);
       // The last object of a finished job may have removed the file between open() and
@@ -197,7 +195,7 @@ class FileStore::Impl {
       // Keep the log whole: drop whatever part of the record made it to the file.
       if (::ftruncate(fd_.get(), static_cast<off_t>(offset_)) != 0) {
         RINGTREE_WARN("FileStore '" << path_ << "': cannot truncate a partial record: "
-                                    << errnoText(errno));
+                                    << net::errnoText(errno));
       }
       throw;
     }
@@ -209,7 +207,7 @@ class FileStore::Impl {
     appendRecord(kDeregister, {}, {});
     if (live_ == 0 && finished_ >= worldSize && isAtPath(fd_.get()) &&
         ::unlink(path_.c_str()) != 0 && errno != ENOENT) {
-      RINGTREE_WARN("FileStore '" << path_ << "': cannot remove the file: " << errnoText(errno));
+      RINGTREE_WARN("FileStore '" << path_ << "': cannot remove the file: " << net::errnoText(errno));
     }
   }
 
@@ -218,18 +216,10 @@ class FileStore::Impl {
                        [&](const std::string& key) { return map_.count(key) != 0; });
   }
 
-  // The value add() adds to: a decimal int64 ("-12"), nothing else.
-  int64_t counterValue(const std::string& key) const {
+  // The key's value, nullptr when it is missing.
+  const Bytes* find(const std::string& key) const {
     const auto it = map_.find(key);
-    if (it == map_.end()) {
-      return 0;
-    }
-    const auto counter = detail::parseCounter(it->second);
-    if (!counter) {
-      throw InvalidArgument("FileStore '" + path_ + "': add on key '" + key +
-                            "', whose value is not a decimal int64 counter");
-    }
-    return *counter;
+    return it == map_.end() ? nullptr : &it->second;
   }
 
   std::unordered_map<std::string, Bytes> map_;
@@ -242,7 +232,7 @@ class FileStore::Impl {
   uint64_t fileSize() const {
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0) {
-      throw StoreError("FileStore '" + path_ + "': cannot stat: " + errnoText(errno));
+      throw StoreError("FileStore '" + path_ + "': cannot stat: " + net::errnoText(errno));
     }
     return static_cast<uint64_t>(st.st_size);
   }
@@ -252,13 +242,13 @@ class FileStore::Impl {
     struct stat opened {};
     struct stat named {};
     if (::fstat(fd, &opened) != 0) {
-      throw StoreError("FileStore '" + path_ + "': cannot stat: " + errnoText(errno));
+      throw StoreError("FileStore '" + path_ + "': cannot stat: " + net::errnoText(errno));
     }
     if (::stat(path_.c_str(), &named) != 0) {
       if (errno == ENOENT) {
         return false;
       }
-      throw StoreError("FileStore '" + path_ + "': cannot stat: " + errnoText(errno));
+      throw StoreError("FileStore '" + path_ + "': cannot stat: " + net::errnoText(errno));
     }
     return opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
   }
@@ -270,7 +260,7 @@ class FileStore::Impl {
         continue;
       }
       if (n < 0) {
-        throw StoreError("FileStore '" + path_ + "': cannot read: " + errnoText(errno));
+        throw StoreError("FileStore '" + path_ + "': cannot read: " + net::errnoText(errno));
       }
       if (n == 0) {
         corrupt("it ended at byte " + std::to_string(offset) + " while being read");
@@ -288,7 +278,7 @@ class FileStore::Impl {
         continue;
       }
       if (n < 0) {
-        throw StoreError("FileStore '" + path_ + "': cannot write: " + errnoText(errno));
+        throw StoreError("FileStore '" + path_ + "': cannot write: " + net::errnoText(errno));
       }
       data += n;
       size -= static_cast<size_t>(n);
@@ -428,29 +418,16 @@ Bytes FileStore::get(const std::string& key) {
 
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   return impl_->locked(true, [&] {
-    const int64_t current = impl_->counterValue(key);
-    int64_t result = 0;
-    if (__builtin_add_overflow(current, delta, &result)) {
-      throw InvalidArgument("FileStore '" + path_ + "': add of " + std::to_string(delta) +
-                            " to key '" + key + "' (" + std::to_string(current) +
-                            ") overflows int64");
-    }
+    const int64_t result = detail::addToCounter("FileStore '" + path_ + "' add: ", key, impl_->find(key), delta);
     impl_->appendRecord(kSet, key, toBytes(std::to_string(result)));
     return result;
   });
 }
 
 Bytes FileStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  return impl_->locked(true, [&]() -> Bytes {
-    const auto it = impl_->map_.find(key);
-    if (it == impl_->map_.end() && !expected.empty()) {
-      return expected;
-    }
-    if (it != impl_->map_.end() && it->second != expected) {
-      return it->second;
-    }
-    impl_->appendRecord(kSet, key, desired);
-    return desired;
+  return impl_->locked(true, [&] {
+    return detail::compareSet(impl_->find(key), expected, desired,
+                              [&](const Bytes& value) { impl_->appendRecord(kSet, key, value); });
   });
 }
 

@@ -50,16 +50,6 @@ void waitForKeys(std::unique_lock<std::mutex>& lock, std::condition_variable& ch
   detail::throwWaitTimeout("HashStore", op, timeout, missing);
 }
 
-// The value add() adds to: a decimal int64 ("-12"), nothing else.
-int64_t parseCounter(const std::string& key, const Bytes& value) {
-  const auto counter = detail::parseCounter(value);
-  if (!counter) {
-    throw InvalidArgument("HashStore: add on key '" + key +
-                          "', whose value is not a decimal int64 counter");
-  }
-  return *counter;
-}
-
 }  // namespace
 
 struct HashStore::State {
@@ -95,11 +85,7 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const auto it = state_->map.find(key);
-    const int64_t current = it == state_->map.end() ? 0 : parseCounter(key, it->second);
-    if (__builtin_add_overflow(current, delta, &result)) {
-      throw InvalidArgument("HashStore: add of " + std::to_string(delta) + " to key '" + key +
-                            "' (" + std::to_string(current) + ") overflows int64");
-    }
+    result = detail::addToCounter("HashStore add: ", key, it == state_->map.end() ? nullptr : &it->second, delta);
     state_->map[key] = toBytes(std::to_string(result));
   }
   state_->changed.notify_all();
@@ -107,18 +93,21 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
 }
 
 Bytes HashStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  const auto it = state_->map.find(key);
-  if (it == state_->map.end() && !expected.empty()) {
-    return expected;
+  bool written = false;
+  Bytes result;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const auto it = state_->map.find(key);
+    result = detail::compareSet(it == state_->map.end() ? nullptr : &it->second, expected, desired,
+                                [&](const Bytes& value) {
+                                  state_->map[key] = value;
+                                  written = true;
+                                });
   }
-  if (it != state_->map.end() && it->second != expected) {
-    return it->second;
+  if (written) {
+    state_->changed.notify_all();
   }
-  state_->map[key] = desired;
-  lock.unlock();
-  state_->changed.notify_all();
-  return desired;
+  return result;
 }
 
 bool HashStore::check(const std::vector<std::string>& keys) {

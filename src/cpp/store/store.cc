@@ -61,6 +61,20 @@ std::optional<int64_t> parseCounter(const Bytes& value) {
   return result;
 }
 
+int64_t addToCounter(const std::string& context, const std::string& key, const Bytes* current,
+                     int64_t delta) {
+  const auto counter = current == nullptr ? std::optional<int64_t>(0) : parseCounter(*current);
+  if (!counter) {
+    throw InvalidArgument(context + "key '" + key + "' does not hold a decimal int64 counter");
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(*counter, delta, &sum)) {
+    throw InvalidArgument(context + "key '" + key + "' holds " + std::to_string(*counter) + "; adding " +
+                          std::to_string(delta) + " overflows int64");
+  }
+  return sum;
+}
+
 void throwWaitTimeout(const std::string& store, const char* op, Store::Timeout timeout,
                       const std::vector<std::string>& missing) {
   std::string keys;

@@ -412,19 +412,14 @@ class TcpStoreServer::Impl {
         int64_t delta = 0;
         if (!(r.str(&key) && r.i64(&delta) && r.done())) return malformed();
         const auto it = data_.find(key);
-        const auto counter = it == data_.end() ? std::optional<int64_t>(0) : detail::parseCounter(it->second);
-        if (!counter) {
-          return replyMessage(c, proto::Status::kInvalidArgument,
-                              "key '" + key + "' holds a value that is not a decimal integer");
-        }
         int64_t sum = 0;
-        if (__builtin_add_overflow(*counter, delta, &sum)) {
-          return replyMessage(c, proto::Status::kInvalidArgument,
-                              std::to_string(*counter) + " + " + std::to_string(delta) +
-                                  " overflows int64 for key '" + key + "'");
+        try {
+          // The client puts "TCPStore add: " before the text.
+          sum = detail::addToCounter("", key, it == data_.end() ? nullptr : &it->second, delta);
+        } catch (const InvalidArgument& e) {
+          return replyMessage(c, proto::Status::kInvalidArgument, e.what());
         }
-        const std::string text = std::to_string(sum);
-        data_[key] = Bytes(text.begin(), text.end());
+        data_[key] = toBytes(std::to_string(sum));
         reply(c, proto::Status::kOk, std::move(proto::Writer().i64(sum)));
         wake(key);
         return;
@@ -435,14 +430,14 @@ class TcpStoreServer::Impl {
         Bytes desired;
         if (!(r.str(&key) && r.bytes(&expected) && r.bytes(&desired) && r.done())) return malformed();
         const auto it = data_.find(key);
-        const bool missing = it == data_.end();
-        if ((missing && expected.empty()) || (!missing && it->second == expected)) {
-          data_[key] = desired;
-          reply(c, proto::Status::kOk, std::move(proto::Writer().bytes(desired)));
-          wake(key);
-        } else {
-          reply(c, proto::Status::kOk, std::move(proto::Writer().bytes(missing ? expected : it->second)));
-        }
+        bool written = false;
+        const Bytes result = detail::compareSet(it == data_.end() ? nullptr : &it->second, expected, desired,
+                                                [&](const Bytes& value) {
+                                                  data_[key] = value;
+                                                  written = true;
+                                                });
+        reply(c, proto::Status::kOk, std::move(proto::Writer().bytes(result)));
+        if (written) wake(key);
         return;
       }
       case proto::Op::kCheck: {

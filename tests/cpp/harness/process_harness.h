@@ -57,7 +57,7 @@ struct ChildResult {
 // fn(r, store) and exits 0 reporting fn's result, or 1 reporting the error. afterFork(pids)
 // runs in the parent once all are started. Children still running after `timeout` are
 // killed. Must be called with no other thread running in this process.
-std::vector<ChildResult> runProcesses(int size, const std::function<std::string(int, std::shared_ptr<Store>)>& fn,
+inline std::vector<ChildResult> runProcesses(int size, const std::function<std::string(int, std::shared_ptr<Store>)>& fn,
                                       const std::function<void(const std::vector<pid_t>&)>& afterFork = {},
                                       std::chrono::milliseconds timeout = 30s) {
   TempDir dir;
