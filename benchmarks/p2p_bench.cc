@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     bool ok = true;
     for (size_t rank = 0; rank < results.size(); ++rank) {
       if (!(results[rank].exited && results[rank].code == 0)) {
-        std::fprintf(stderr, "p2p_bench %s rank %zu failed: %s\n", test::kindName(kind), rank,
+        std::fprintf(stderr, "p2p_bench %s rank %zu failed: %s\n", transportKindName(kind), rank,
                      results[rank].message.c_str());
         ok = false;
       }
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     }
     std::printf("[ perf ] %s point-to-point, 2 processes, 8-byte one-way latency and 64 MiB bandwidth (best of %d): "
                 "%s\n",
-                test::kindName(kind), kRepeats, results[0].message.c_str());
+                transportKindName(kind), kRepeats, results[0].message.c_str());
     std::fflush(stdout);
   }
   return status;

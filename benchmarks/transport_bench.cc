@@ -114,7 +114,7 @@ void communicatorPair(TransportKind kind) {
       },
       test::testOptions(kind));
   std::printf("[ perf ] %s pair, 2 threads: 8-byte one-way latency %.2f us, 64 MiB streaming %.2f GB/s\n",
-              test::kindName(kind), oneWayUs, gbPerS);
+              transportKindName(kind), oneWayUs, gbPerS);
 }
 
 // --- the shared-memory pair alone ------------------------------------------------------
