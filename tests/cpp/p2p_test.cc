@@ -1090,14 +1090,16 @@ class P2pProcessTest : public ::testing::TestWithParam<TransportKind> {};
 
 TEST_P(P2pProcessTest, KilledPeerFailsEveryPendingOperationQuickly) {
   // Rank 1 is SIGKILLed while rank 0 waits for a message from it, for a message from any
-  // source, and for a large send to it to finish; rank 2 stays alive.
+  // source, and for a large send to it to finish; rank 2 stays alive. Rank 1 dies only
+  // once rank 0 has posted them: a receive from any source posted after the connection
+  // broke waits for the ranks still alive.
   const TransportKind kind = GetParam();
   const auto results = test::runProcesses(3, [kind](int rank, std::shared_ptr<Store> store) {
     PointToPoint p2p(Communicator::create(store, rank, 3, testOptions(kind)));
     std::vector<int32_t> in(1);
     if (rank == 1) {
       recv(p2p, in, 0, 1)->wait();
-      std::this_thread::sleep_for(200ms);  // rank 0 posts its operations meanwhile
+      store->get("test/posted");
       ::raise(SIGKILL);
       return std::string("not killed");
     }
@@ -1113,6 +1115,7 @@ TEST_P(P2pProcessTest, KilledPeerFailsEveryPendingOperationQuickly) {
     const std::vector<int32_t> huge = values(kHugeCount, 10);
     const std::vector<std::shared_ptr<Work>> pending = {recv(p2p, fromOne, 1, 5), recv(p2p, fromAny, kAny, 6),
                                                         send(p2p, huge, 1, 7)};
+    store->set("test/posted", {});
     const auto start = Clock::now();
     std::string report;
     for (const auto& work : pending) {
