@@ -1224,6 +1224,7 @@ TEST_P(P2pProcessTest, KilledPeerFailsAWaitThatDrivesItsConnection) {
 // collectives do). Each figure is the best of kRepeats runs (the machine may be shared).
 // Printed, not asserted.
 TEST_P(P2pProcessTest, PingPongLatencyAndBandwidth) {
+  if (test::kSanitized) GTEST_SKIP() << "timing figures of a sanitizer build measure the sanitizer";
   constexpr int kRepeats = 3;
   const TransportKind kind = GetParam();
   const auto results = test::runProcesses(2, [kind](int rank, std::shared_ptr<Store> store) {

@@ -39,6 +39,7 @@
 #include <ringtree/error.h>
 
 #include "common/socket.h"
+#include "harness/test_util.h"
 #include "transport/shm/device.h"
 #include "transport/shm/pair.h"
 #include "transport/shm/protocol.h"
@@ -1127,6 +1128,7 @@ double inProcesses(const PairOptions& options, const std::function<double(Pair&,
 }
 
 TEST(ShmPerformanceTest, Report) {
+  if (test::kSanitized) GTEST_SKIP() << "timing figures of a sanitizer build measure the sanitizer";
   std::printf("[ shm ] this machine now: memcpy 64 MiB %.2f GB/s, bare spin ping-pong %.3f us one way\n",
               memcpyGBps(64 * kMiB), bareSpinMicros());
   {

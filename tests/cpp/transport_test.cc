@@ -929,6 +929,7 @@ INSTANTIATE_TEST_SUITE_P(Processes, KilledPeerTest, ::testing::Values(TransportK
 class PerfTest : public ::testing::TestWithParam<TransportKind> {};
 
 TEST_P(PerfTest, PingPongLatencyAndStreamingBandwidth) {
+  if (test::kSanitized) GTEST_SKIP() << "timing figures of a sanitizer build measure the sanitizer";
   const TransportKind kind = GetParam();
   double oneWayUs = 0;
   double gbPerS = 0;

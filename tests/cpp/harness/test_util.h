@@ -10,6 +10,21 @@
 
 namespace ringtree::test {
 
+// Whether ThreadSanitizer or AddressSanitizer instruments this program (RINGTREE_SANITIZE).
+// Performance reports skip there: their figures would measure the instrumentation, and
+// their loops take minutes.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // Sets an environment variable for the lifetime of the object and restores the previous
 // state after it. Set it before ranks start and let it go after they are joined: getenv
 // is not safe against a concurrent setenv.
