@@ -666,13 +666,15 @@ TEST_P(P2pTest, WaitDrivesSendRecvExchangesOnTheWaitingThread) {
         const auto receive = recv(p2p, in, left, round);
         const auto sent = send(p2p, out, right, round);
         const bool pending = !receive->isCompleted();
-        std::atomic<bool> onWaiter{false};
-        receive->addCallback([&, waiter = std::this_thread::get_id()](Work&) {
-          onWaiter = std::this_thread::get_id() == waiter;
+        // Owned by the callback too: one the progress thread runs may still be running
+        // after wait() returned, into the next round (a waiter runs its own before).
+        const auto onWaiter = std::make_shared<std::atomic<bool>>(false);
+        receive->addCallback([onWaiter, waiter = std::this_thread::get_id()](Work&) {
+          *onWaiter = std::this_thread::get_id() == waiter;
         });
         receive->wait();
         sent->wait();
-        if (pending && onWaiter) ++completedByWaiter;
+        if (pending && *onWaiter) ++completedByWaiter;
         EXPECT_EQ(receive->sourceRank(), left);
         ASSERT_EQ(in, values(count, static_cast<uint32_t>(left * kRounds + round))) << "round " << round;
       }
