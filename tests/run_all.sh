@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# ringtree's test command: builds and runs the C++ tests (ctest), checks the installed C++
-# SDK with a consumer project (tests/cmake/check_consumer.sh), then runs the Python tests
-# against the installed package. Needs GoogleTest, cmake, ninja and an installed ringtree
-# (pip install ".[test]"); .ci/run installs all of it on a clean machine.
+# ringtree's test command: builds and runs the C++ tests (ctest), then a subset of them under
+# sanitizers (tests/run_sanitizers.sh), checks the installed C++ SDK with a consumer project
+# (tests/cmake/check_consumer.sh), then runs the Python tests against the installed package.
+# Needs GoogleTest, cmake, ninja and an installed ringtree (pip install ".[test]"); .ci/run
+# installs all of it on a clean machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,10 @@ cmake -S . -B "$build_dir" -G Ninja -DRINGTREE_BUILD_TESTS=ON -DRINGTREE_BUILD_P
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build_dir" -j 2
 ctest --test-dir "$build_dir" --output-on-failure --timeout 180
+
+# The C++ tests again under ThreadSanitizer and AddressSanitizer + UndefinedBehaviorSanitizer
+# (a subset chosen by label; see the script).
+tests/run_sanitizers.sh
 
 # The C++ SDK as a user consumes it: install, find_package / add_subdirectory, run (~1 min).
 tests/cmake/check_consumer.sh

@@ -1,8 +1,8 @@
 // The gather/scatter family (allgather, gather, scatter, reduce_scatter, alltoall): every
 // algorithm, asked for and automatic, x world sizes 1..5 (and 8 for allgather) x tcp and
 // shm x uneven counts with zeros x dtypes x in place and out of place x segments small
-// enough for many steps, over the thread harness; then argument errors, mismatches and
-// the ProcessGroup path. Collectives that move data are checked byte for byte against a
+// enough for many steps, over the thread harness; then argument errors and mismatches.
+// Collectives that move data are checked byte for byte against a
 // pattern unique to (sender, receiver, byte); reduce_scatter against a local fold, in
 // rank order, of small integers (exact in any order) with the same element kernels.
 

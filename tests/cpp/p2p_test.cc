@@ -640,13 +640,15 @@ TEST_P(P2pTest, WaitDrivesSendRecvExchangesOnTheWaitingThread) {
         const auto receive = recv(p2p, in, left, round);
         const auto sent = send(p2p, out, right, round);
         const bool pending = !receive->isCompleted();
-        std::atomic<bool> onWaiter{false};
-        receive->addCallback([&, waiter = std::this_thread::get_id()](Work&) {
-          onWaiter = std::this_thread::get_id() == waiter;
+        // Owned by the callback too: one the progress thread runs may still be running
+        // after wait() returned, into the next round (a waiter runs its own before).
+        const auto onWaiter = std::make_shared<std::atomic<bool>>(false);
+        receive->addCallback([onWaiter, waiter = std::this_thread::get_id()](Work&) {
+          *onWaiter = std::this_thread::get_id() == waiter;
         });
         receive->wait();
         sent->wait();
-        if (pending && onWaiter) ++completedByWaiter;
+        if (pending && *onWaiter) ++completedByWaiter;
         EXPECT_EQ(receive->sourceRank(), left);
         ASSERT_EQ(in, values(count, static_cast<uint32_t>(left * kRounds + round))) << "round " << round;
       }
@@ -1093,14 +1095,18 @@ long killedPeerSeenAfterMs(const std::vector<test::ChildResult>& results) {
 
 TEST_P(P2pProcessTest, KilledPeerFailsEveryPendingOperationQuickly) {
   // Rank 1 is SIGKILLed while rank 0 waits for a message from it, for a message from any
-  // source, and for a large send to it to finish; rank 2 stays alive.
+  // source, and for a large send to it to finish; rank 2 stays alive. Rank 1 dies only
+  // once rank 0 has posted them: a receive from any source posted after the connection
+  // broke waits for the ranks still alive.
   const TransportKind kind = GetParam();
   const auto results = test::runProcesses(3, [kind](int rank, std::shared_ptr<Store> store) {
     PointToPoint p2p(Communicator::create(store, rank, 3, testOptions(kind)));
     std::vector<int32_t> in(1);
     if (rank == 1) {
       recv(p2p, in, 0, 1)->wait();
-      return dieSoon();
+      store->get("test/posted");
+      ::raise(SIGKILL);
+      return std::string("not killed");
     }
     if (rank == 2) {
       recv(p2p, in, 0, 2)->wait();  // rank 0 is done
@@ -1114,6 +1120,7 @@ TEST_P(P2pProcessTest, KilledPeerFailsEveryPendingOperationQuickly) {
     const std::vector<int32_t> huge = values(kHugeCount, 10);
     const std::vector<std::shared_ptr<Work>> pending = {recv(p2p, fromOne, 1, 5), recv(p2p, fromAny, kAny, 6),
                                                         send(p2p, huge, 1, 7)};
+    store->set("test/posted", {});
     const auto start = Clock::now();
     std::string report;
     for (const auto& work : pending) {

@@ -39,6 +39,7 @@
 #include <ringtree/error.h>
 
 #include "common/socket.h"
+#include "harness/test_util.h"
 #include "transport/shm/device.h"
 #include "transport/shm/pair.h"
 #include "transport/shm/protocol.h"

@@ -27,7 +27,8 @@ void* workingBuffer(Call& call, void* buffer, size_t count, DataType type, const
   void* working = buffer;
   if (call.rank() != options.root && (needsCopy || options.op == ReduceOp::kPremulSum)) {
     working = call.comm.scratch(count * call.elementSize);
-    std::memcpy(working, buffer, count * call.elementSize);
+    // Both are null for an empty buffer, which memcpy may not be given even for 0 bytes.
+    if (count > 0) std::memcpy(working, buffer, count * call.elementSize);
   }
   if (options.op == ReduceOp::kPremulSum) {
     scale(working, count, type, options.premulFactor);
