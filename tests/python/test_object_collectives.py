@@ -54,3 +54,13 @@ def test_unpicklable_object_raises_before_anything_moves(world1):
         dist.all_gather_object(out, lambda: 0)
     dist.all_gather_object(out, {"still": "works"})
     assert out == [{"still": "works"}]
+
+
+def test_gather_object_checks_its_list_on_the_destination(world1):
+    with pytest.raises(ValueError, match="Argument ``gather_list`` must be specified on destination rank."):
+        dist.gather_object(1, None)
+    with pytest.raises(ValueError, match=r"object_gather_list must hold one entry per rank of the group \(1\), got 2"):
+        dist.gather_object(1, [None, None])
+    out = [None]
+    dist.gather_object({"one": 1}, out)
+    assert out == [{"one": 1}]

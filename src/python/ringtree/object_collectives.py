@@ -21,7 +21,6 @@ from itertools import accumulate
 from typing import Any
 
 from ._resolve import destination, member_group, resolve_root, source
-from .gather_scatter import _check_root_list
 from .process_group import ProcessGroup
 
 __all__ = [
@@ -86,6 +85,22 @@ def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | No
         object_list[r] = value
 
 
+def _check_gather_list(is_root: bool, object_gather_list: list[Any] | None, size: int) -> None:
+    """torch's rule for gather_object's output list: given (not None nor empty) on the
+    destination only, there with one entry per rank. The list holds objects, which never
+    reach the engine, so it is checked here."""
+    given = object_gather_list is not None and len(object_gather_list) > 0
+    if is_root and not given:
+        raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
+    if not is_root and given:
+        raise ValueError("Argument ``gather_list`` must NOT be specified on non-destination ranks.")
+    if is_root and len(object_gather_list) != size:
+        raise ValueError(
+            f"gather_object: object_gather_list must hold one entry per rank of the group ({size}), "
+            f"got {len(object_gather_list)}"
+        )
+
+
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -117,7 +132,7 @@ def gather_object(
         return
     root = resolve_root(pg, dst, group_dst, "dst")
     is_root = pg.rank() == root
-    _check_root_list(is_root, object_gather_list, "gather_list", "destination")
+    _check_gather_list(is_root, object_gather_list, pg.size())
     payload = pickle.dumps(obj)
     sizes = _sizes(pg.size())
     pg.engine.allgather_single(sizes, array("q", [len(payload)]), False)
