@@ -81,7 +81,9 @@ void Work::addCallback(Callback callback) {
   callback(*this);
 }
 
-void Work::finish(std::exception_ptr error) {
+void Work::finish(std::exception_ptr error) { finish(std::move(error), [] {}); }
+
+void Work::finish(std::exception_ptr error, const std::function<void()>& onCompleted) {
   std::shared_ptr<void> keepAlive;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -100,6 +102,7 @@ void Work::finish(std::exception_ptr error) {
     exception_ = std::move(error);
     callbacks.swap(callbacks_);
   }
+  onCompleted();
   completedCv_.notify_all();
   for (auto& callback : callbacks) {
     try {

@@ -425,6 +425,9 @@ TEST(DeviceBackends, CudaBuffersGoToTheRegisteredBackendMadeOnFirstUse) {
   constexpr Device kCuda0{DeviceType::kCuda, 0};
   const std::shared_ptr<Store> store = test::freshStore();
   ASSERT_FALSE(hasDeviceBackend(DeviceType::kCuda));
+  HostBackedCudaBackend::made = 0;  // counts of this run only (--gtest_repeat)
+  HostBackedCudaBackend::calls = 0;
+  HostBackedCudaBackend::shutdowns = 0;
   test::runOnThreads(2, [&](int rank) {
     const auto group = makeGroup(rank, 2, store);
     std::vector<int32_t> data = valuesOf(rank, 3);

@@ -97,11 +97,16 @@ void OperationQueue::runFront(std::unique_lock<std::mutex>& lock) {
     error = std::current_exception();
   }
   task.run = nullptr;
-  lock.lock();
-  busy_ = false;  // before finish(): a caller woken by it finds the queue idle
-  stateCv_.notify_all();
-  lock.unlock();
-  task.work->finish(error);  // runs the callbacks, which may shut the queue down
+  // The queue is free once the Work reads completed, before its waiters wake and its
+  // callbacks run (which may call in or shut the queue down): so the next operation
+  // starts only after this one completed, and a woken caller finds the queue idle.
+  task.work->finish(error, [this] {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      busy_ = false;
+    }
+    stateCv_.notify_all();
+  });
   task.work.reset();
   lock.lock();
 }

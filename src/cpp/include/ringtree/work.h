@@ -85,6 +85,12 @@ class RINGTREE_API Work {
   // every waiter, then runs the callbacks. For the code that runs the operation; must be
   // called exactly once (a second call throws InvalidArgument).
   void finish(std::exception_ptr error = nullptr);
+  // finish() for an engine that runs operations one after another: `onCompleted` runs on
+  // this thread once the Work reads completed, before its waiters wake and its callbacks
+  // run. Releasing there what the next operation needs means no operation starts, and so
+  // no later Work completes, before this one reads completed; and a woken waiter or a
+  // callback that calls into the engine finds it free. `onCompleted` must not throw.
+  void finish(std::exception_ptr error, const std::function<void()>& onCompleted);
 
  private:
   const char* opName_;
