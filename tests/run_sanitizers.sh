@@ -25,5 +25,5 @@ for sanitizers in "$@"; do
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
     -DRINGTREE_SANITIZE="$sanitizers" >/dev/null
   cmake --build "$dir" -j 2 --target "tests_$label"
-  ctest --test-dir "$dir" --output-on-failure --timeout 180 -L "$label" -LE long
+  ctest --test-dir "$dir" --output-on-failure --timeout 180 -j 2 -L "$label" -LE long
 done
