@@ -4,8 +4,9 @@
 # programs its label needs, then ctest over that label without the long grid cases:
 # ThreadSanitizer runs the `threads` tests, AddressSanitizer and UndefinedBehaviorSanitizer
 # the `memory` tests (labels: tests/cpp/CMakeLists.txt). Any report fails the test that
-# caused it, in a forked child too, and so the run. Compiled at -O1: the sanitizers'
-# manuals' level, and half the compile time of -O2. Run by tests/run_all.sh.
+# caused it, in a forked child too, and so the run. The library compiles at -O1 (the
+# sanitizers' manuals' level), the test programs at -O0 (tests/cpp/CMakeLists.txt); two
+# tests run at a time. Run by tests/run_all.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
