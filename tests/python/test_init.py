@@ -74,6 +74,24 @@ def test_file_init(world_size, tmp_path):
     assert not path.exists(), "the last FileStore user removes the file"
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_file_init_after_a_crashed_job_on_the_same_path(world_size, tmp_path):
+    """A job that crashed leaves its file:// file; the next job on the same path recognises
+    that every process registered in it has exited, starts it over, and runs."""
+    path = tmp_path / "rendezvous"
+    expected = world_size * (world_size + 1) / 2
+    crashed = run_world("workers:file_init_all_reduce", world_size, path=str(path), crash=True)
+    assert [r["ok"] for r in crashed] == [expected] * world_size
+    assert all(r["returncode"] == 1 for r in crashed)
+    assert path.exists(), "a crashed job leaves its rendezvous file behind"
+    start = time.monotonic()
+    rerun = run_world("workers:file_init_all_reduce", world_size, path=str(path), crash=False, timeout=30)
+    assert [r["ok"] for r in rerun] == [expected] * world_size
+    assert time.monotonic() - start < 10, "the rerun must not wait out the 20 s timeout"
+    assert any("starting the file over" in r["stderr"] for r in rerun)
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_store_init_with_tcp_store(world_size):
     server = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)

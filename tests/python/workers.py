@@ -196,3 +196,25 @@ def work_results_and_futures(rank: int, world_size: int, port: int) -> dict:
             pass
     ringtree.destroy_process_group()
     return {"failures": failures}
+
+
+def file_init_all_reduce(rank: int, world_size: int, path: str, crash: bool) -> float:
+    """Rendezvous through file://PATH, all_reduce, then either finish (destroying the group)
+    or crash: report the result and exit at once, leaving the rendezvous file behind."""
+    import sys
+
+    import numpy as np
+
+    import harness
+
+    ringtree.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=20))
+    data = np.full(4, rank + 1, dtype=np.float32)
+    ringtree.all_reduce(data)
+    if crash:
+        ringtree.barrier()  # every rank has its result before any of them dies
+        print(harness.RESULT_PREFIX + '{"ok": %r}' % float(data[0]), flush=True)
+        sys.stderr.flush()
+        os._exit(1)
+    ringtree.destroy_process_group()
+    return float(data[0])

@@ -12,6 +12,7 @@
 #include <ringtree/types.h>
 
 #include "common/cpu.h"
+#include "common/process_identity.h"
 
 namespace ringtree {
 
@@ -89,9 +90,8 @@ std::string timeOfDay(std::chrono::system_clock::time_point time) {
 }
 
 std::string hostName() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
+  const std::string name = localHostname();
+  return name.empty() ? "?" : name;
 }
 
 }  // namespace

@@ -1,18 +1,13 @@
 #include "rendezvous/host_identity.h"
 
-#include <unistd.h>
-
-#include <climits>
-#include <fstream>
+#include "common/process_identity.h"
 
 namespace ringtree::rendezvous {
 
 HostIdentity localHostIdentity() {
   HostIdentity identity;
-  char name[HOST_NAME_MAX + 1] = {0};
-  if (::gethostname(name, sizeof(name) - 1) == 0) identity.hostname = name;
-  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
-  std::getline(bootId, identity.bootId);
+  identity.hostname = localHostname();
+  identity.bootId = localBootId();
   return identity;
 }
 

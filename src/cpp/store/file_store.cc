@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -14,6 +15,7 @@
 #include <ringtree/error.h>
 
 #include "common/logging.h"
+#include "common/process_identity.h"
 #include "common/socket.h"
 #include "store/store_util.h"
 
@@ -26,8 +28,10 @@ namespace {
 //   then records, each appended whole under the exclusive lock and never rewritten:
 //     u8 type | u32 key length | u32 value length | key | value
 // kSet replaces the key's value, kAppend appends to it (creating it), kDelete removes it
-// (empty value). kRegister and kDeregister (empty key and value) count the FileStore
-// objects for the worldSize cleanup; they are not keys.
+// (empty value). kRegister and kDeregister (empty key; the value names the registering
+// process, common/process_identity.h; empty in files of older versions) track the
+// FileStore objects of a worldSize job, for the cleanup and to recognise a file a job
+// that did not finish left behind; they are not keys.
 constexpr char kMagic[] = "RTFSTOR1";
 constexpr size_t kHeaderSize = sizeof(kMagic) - 1;
 constexpr size_t kRecordHeaderSize = 9;
@@ -116,8 +120,8 @@ void requireValidTimeout(Store::Timeout timeout) {
 class FileStore::Impl {
  public:
   // Opens (creating) the file, writes the header into an empty file, reads the log and,
-  // with registerSelf, appends a kRegister record.
-  Impl(const std::string& path, bool registerSelf) : path_(path) {
+  // with worldSize > 0, registers this object (see registerIn).
+  Impl(const std::string& path, int worldSize) : path_(path) {
     for (;;) {
       Fd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
       if (fd.get() < 0) {
@@ -134,8 +138,8 @@ class FileStore::Impl {
         writeAll(reinterpret_cast<const uint8_t*>(kMagic), kHeaderSize, 0);
       }
       refresh();
-      if (registerSelf) {
-        appendRecord(kRegister, {}, {});
+      if (worldSize > 0) {
+        registerIn(worldSize);
       }
       return;
     }
@@ -204,8 +208,13 @@ class FileStore::Impl {
 
   // Appends kDeregister; the last object of a worldSize job removes the file.
   void deregister(int worldSize) {
-    appendRecord(kDeregister, {}, {});
-    if (live_ == 0 && finished_ >= worldSize && isAtPath(fd_.get()) &&
+    if (std::find(live_.begin(), live_.end(), self_) == live_.end()) {
+      RINGTREE_WARN("FileStore '" << path_ << "': this object's registration is gone from the file (was the file "
+                                  << "deleted or started over?); leaving the file as it is");
+      return;
+    }
+    appendRecord(kDeregister, {}, toBytes(self_));
+    if (live_.empty() && finished_ >= worldSize && isAtPath(fd_.get()) &&
         ::unlink(path_.c_str()) != 0 && errno != ENOENT) {
       RINGTREE_WARN("FileStore '" << path_ << "': cannot remove the file: " << net::errnoText(errno));
     }
@@ -225,6 +234,64 @@ class FileStore::Impl {
   std::unordered_map<std::string, Bytes> map_;
 
  private:
+  // Registers this object in a job of worldSize, after looking at the registrations
+  // still open: a job that did not finish left them when each of their processes is
+  // provably gone (same host and pid namespace; no such process now), and the file
+  // starts over; when some may still run and the job has no room for another, this is
+  // refused at once rather than joining a job that is not this one. Needs the exclusive
+  // lock and a refresh().
+  void registerIn(int worldSize) {
+    if (!live_.empty()) {
+      std::string found;
+      bool allGone = true;
+      for (const std::string& registration : live_) {
+        ProcessIdentity identity;
+        const bool known = decodeProcessIdentity(registration, &identity);
+        const Liveness liveness = known ? livenessOf(identity) : Liveness::kUnknown;
+        allGone = allGone && liveness == Liveness::kGone;
+        found += (found.empty() ? "" : "; ") + (known ? describeRegistration(identity, liveness)
+                                                      : std::string("a process of an older ringtree"));
+      }
+      if (allGone) {
+        RINGTREE_WARN("FileStore '" << path_ << "': starting the file over: it held what a job that did not "
+                                    << "finish left (" << found << "), and every process registered in it has exited");
+        startOver();
+      } else if (static_cast<int64_t>(live_.size()) >= worldSize) {
+        throw StoreError("FileStore '" + path_ + "': the file already holds " + std::to_string(live_.size()) +
+                         " registrations of a job that has not finished (" + found + "), which leaves no room " +
+                         "in a job of world size " + std::to_string(worldSize) + ": another job is using this " +
+                         "file, or one that did not finish left it behind. Use another path, or delete the file " +
+                         "once no process of that job runs");
+      }
+    }
+    self_ = encodeProcessIdentity(localProcessIdentity());
+    appendRecord(kRegister, {}, toBytes(self_));
+  }
+
+  // "host 'vm', pid 12, registered 3.1 s ago, exited".
+  static std::string describeRegistration(const ProcessIdentity& identity, Liveness liveness) {
+    const int64_t nowMs = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+    char age[32];
+    std::snprintf(age, sizeof(age), "%.1f s", static_cast<double>(nowMs - identity.takenAtMs) / 1000.0);
+    const char* state = liveness == Liveness::kGone      ? "exited"
+                        : liveness == Liveness::kRunning ? "still running"
+                                                         : "on another host or pid namespace";
+    return describeProcess(identity) + ", registered " + age + " ago, " + state;
+  }
+
+  // Empties the file down to its header and forgets what was read of it.
+  void startOver() {
+    if (::ftruncate(fd_.get(), static_cast<off_t>(kHeaderSize)) != 0) {
+      throw StoreError("FileStore '" + path_ + "': cannot start the file over: " + net::errnoText(errno));
+    }
+    map_.clear();
+    live_.clear();
+    finished_ = 0;
+    offset_ = kHeaderSize;
+  }
+
   [[noreturn]] void corrupt(const std::string& what) const {
     throw StoreError("FileStore '" + path_ + "': the file is corrupt: " + what);
   }
@@ -349,13 +416,19 @@ class FileStore::Impl {
           map_.erase(key);
           break;
         case kRegister:
-        case kDeregister:
-          if (keySize != 0 || valueSize != 0 || (type == kDeregister && live_ == 0)) {
-            corrupt(where() + " is an invalid (de)registration");
-          }
-          live_ += type == kRegister ? 1 : -1;
-          finished_ += type == kDeregister ? 1 : 0;
+          if (keySize != 0) corrupt(where() + " is an invalid registration");
+          live_.emplace_back(reinterpret_cast<const char*>(valueData), valueSize);
           break;
+        case kDeregister: {
+          // Closes the registration with the same value (an older file's empty one: the first).
+          const std::string registration(reinterpret_cast<const char*>(valueData), valueSize);
+          auto open = std::find(live_.begin(), live_.end(), registration);
+          if (open == live_.end() && registration.empty() && !live_.empty()) open = live_.begin();
+          if (keySize != 0 || open == live_.end()) corrupt(where() + " is an invalid deregistration");
+          live_.erase(open);
+          ++finished_;
+          break;
+        }
         default:
           corrupt(where() + " has unknown type " + std::to_string(type));
       }
@@ -379,9 +452,11 @@ class FileStore::Impl {
   Fd fd_;
   // Bytes of the file applied to map_ (0: not even the header yet).
   uint64_t offset_ = 0;
-  // FileStore objects registered and not yet deregistered; objects deregistered.
-  int64_t live_ = 0;
+  // The registrations of FileStore objects not yet deregistered (each its process's
+  // identity); how many were deregistered; this object's own registration.
+  std::vector<std::string> live_;
   int64_t finished_ = 0;
+  std::string self_;
 };
 
 FileStore::FileStore(const std::string& path, int worldSize, Timeout timeout)
@@ -389,7 +464,7 @@ FileStore::FileStore(const std::string& path, int worldSize, Timeout timeout)
   if (path_.empty()) {
     throw InvalidArgument("FileStore: the path must not be empty");
   }
-  impl_ = std::make_unique<Impl>(path_, worldSize_ > 0);
+  impl_ = std::make_unique<Impl>(path_, worldSize_);
 }
 
 FileStore::~FileStore() {
