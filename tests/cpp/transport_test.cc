@@ -35,11 +35,13 @@
 #include <ringtree/store/file_store.h>
 #include <ringtree/store/hash_store.h>
 
+#include "common/process_identity.h"
 #include "common/socket.h"
 #include "communicator_impl.h"
 #include "harness/process_harness.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
+#include "rendezvous/peer_record.h"
 #include "transport/pair.h"
 
 namespace ringtree {
@@ -712,7 +714,7 @@ TEST(Rendezvous, InterfaceSelectsAddress) {
 }
 
 // Parses the TCP address out of a rank's published record (see rendezvous/connect.cc:
-// "RTA1", then length-prefixed fields; host and port are fields 5 and 6).
+// "RTA2", then length-prefixed fields; host and port are fields 5 and 6).
 std::pair<std::string, uint16_t> publishedTcpAddress(Store& store, int rank) {
   const Bytes record = store.get("rt/comm/addr/" + std::to_string(rank));
   std::vector<std::string> fields;
@@ -729,10 +731,11 @@ std::pair<std::string, uint16_t> publishedTcpAddress(Store& store, int rank) {
 // Publishes an address record for `rank` as a process on host "elsewhere" would (same
 // encoding as publishedTcpAddress reads), without any process behind it.
 void publishForeignRecord(Store& store, int rank, int size, const std::string& transport, uint16_t port) {
-  Bytes record = {'R', 'T', 'A', '1'};
+  Bytes record = {'R', 'T', 'A', '2'};
   for (const std::string& field : {std::string("elsewhere"), std::string("boot-elsewhere"), std::string("1"),
                                    std::to_string(size), transport, std::string("127.0.0.1"),
-                                   std::to_string(port), std::string("interface 'test0'"), std::string()}) {
+                                   std::to_string(port), std::string("interface 'test0'"), std::string(),
+                                   std::string("1"), std::string("0")}) {
     const auto length = static_cast<uint32_t>(field.size());
     const auto* p = reinterpret_cast<const uint8_t*>(&length);
     record.insert(record.end(), p, p + 4);
@@ -759,6 +762,98 @@ TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
                                       std::to_string(port) + ")",
                                   std::string("interface 'test0'"), std::string("RINGTREE_SOCKET_IFNAME")}) {
     EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+  }
+}
+
+// Publishes for `rank` a record naming the process `pid` of this host, with a TCP
+// address nobody listens at.
+void publishRecordOf(Store& store, int rank, int size, pid_t pid) {
+  const ProcessIdentity self = localProcessIdentity();
+  rendezvous::PeerRecord record;
+  record.host = {self.hostname, self.bootId};
+  record.pid = pid;
+  record.pidNamespace = self.pidNamespace;
+  record.size = size;
+  record.transport = TransportKind::kTcp;
+  record.tcpHost = "127.0.0.1";
+  record.tcpPort = closedPort();
+  record.tcpOrigin = "interface 'lo'";
+  store.set(rendezvous::addressKey(rank), rendezvous::encodeRecord(record));
+}
+
+// Publishes for `rank` the record a process of this host that has exited would have left
+// (a job that did not finish, whose store is used again).
+void publishExitedRecord(Store& store, int rank, int size) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  publishRecordOf(store, rank, size, child);
+}
+
+TEST(Rendezvous, RecordOfAnExitedProcessCountsAsNotYetPublished) {
+  // A reused store holds rank 1's record from a job that did not finish. Rank 0 neither
+  // connects to nor waits for that dead process: it waits for this job's rank 1 to
+  // publish, which arrives later.
+  const auto store = test::freshStore();
+  publishExitedRecord(*store, 1, 2);
+  test::runOnThreads(2, [&](int rank) {
+    if (rank == 1) std::this_thread::sleep_for(300ms);
+    // create() returns once this rank's connections to every other rank are up.
+    const auto communicator = Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 20s));
+    EXPECT_EQ(communicator->size(), 2);
+  });
+}
+
+TEST(Rendezvous, PeerThatDiesAfterPublishingFailsTheRendezvousAtOnce) {
+  // The peer's record names a running process, which is killed 300 ms into the
+  // rendezvous: rank 1 (connecting to it) and rank 0 (waiting for it) fail within a
+  // second or so, not at their 20 s timeout.
+  for (const int rank : {1, 0}) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    const auto store = test::freshStore();
+    publishRecordOf(*store, 1 - rank, 2, child);
+    std::thread killer([child] {
+      std::this_thread::sleep_for(300ms);
+      ::kill(child, SIGKILL);
+      ::waitpid(child, nullptr, 0);
+    });
+    const auto start = Clock::now();
+    const std::string message = messageOf<NetworkError>(
+        [&] { Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 20s)); });
+    killer.join();
+    EXPECT_LT(elapsedSince(start), 300ms + test::kPrompt) << message;
+    EXPECT_TRUE(contains(message, rank == 1 ? "rank 1 cannot connect (Connection refused) to rank 0 (host '"
+                                            : "rank 0 waits for a connection from rank 1 (host '"))
+        << message;
+    EXPECT_TRUE(contains(message, "pid " + std::to_string(child) + ", tcp 127.0.0.1:")) << message;
+    EXPECT_TRUE(contains(message, "but that process has exited since it published its address")) << message;
+  }
+}
+
+TEST(Rendezvous, RecordsOfExitedProcessesAreNamedWhenNobodyReplacesThem) {
+  // The same without this job's other rank: the timeout names the dead processes' records
+  // and does not blame the network interface.
+  for (const int rank : {1, 0}) {
+    const auto store = test::freshStore();
+    publishExitedRecord(*store, 1 - rank, 2);
+    const auto start = Clock::now();
+    const std::string message = messageOf<NetworkError>(
+        [&] { Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 500ms)); });
+    EXPECT_LT(elapsedSince(start), 500ms + test::kLateBy) << message;
+    for (const std::string& part :
+         {"rank " + std::to_string(rank) + " of 2: the address records of rank " + std::to_string(1 - rank) +
+              " (store keys 'rt/comm/addr/<rank>') are from processes that have exited (rank " +
+              std::to_string(1 - rank) + " (host '",
+          std::string("a job that did not finish left them in this store")}) {
+      EXPECT_TRUE(contains(message, part)) << message;
+    }
+    EXPECT_FALSE(contains(message, "RINGTREE_SOCKET_IFNAME")) << message;
   }
 }
 

@@ -79,8 +79,11 @@ class MeshBuilder {
 
   void publish() {
     PeerRecord& self = records_[static_cast<size_t>(rank_)];
-    self.host = localHostIdentity();
-    self.pid = ::getpid();
+    const ProcessIdentity process = localProcessIdentity();
+    self.host = {process.hostname, process.bootId};
+    self.pid = process.pid;
+    self.pidNamespace = process.pidNamespace;
+    self.startTicks = process.startTicks;
     self.size = size_;
     self.transport = options_.transport;
     tcp_ = listenForPeers(options_.interface);
@@ -127,18 +130,41 @@ class MeshBuilder {
                        std::to_string(phase_.elapsedMs()) +
                        " ms; did every rank start, with the same store and world size?");
     }
-    const std::vector<Bytes> values = store_.multiGet(keys);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      PeerRecord& record = records_[static_cast<size_t>(ranks[i])];
-      if (!decodeRecord(values[i], &record)) {
-        throw StoreError("the address record of rank " + std::to_string(ranks[i]) + " under '" + keys[i] +
-                         "' is malformed (a key of another program in this store?)");
+    // A record whose process has exited was left in a reused store by a job that did not
+    // finish: it counts as not yet published, until that rank of this job overwrites it.
+    auto backoff = milliseconds(1);
+    for (;;) {
+      const std::vector<Bytes> values = store_.multiGet(keys);
+      std::vector<int> stale;
+      std::string staleText;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        PeerRecord& record = records_[static_cast<size_t>(ranks[i])];
+        if (!decodeRecord(values[i], &record)) {
+          throw StoreError("the address record of rank " + std::to_string(ranks[i]) + " under '" + keys[i] +
+                           "' is malformed (a key of another program in this store?)");
+        }
+        if (livenessOf(processOf(record)) == Liveness::kGone) {
+          stale.push_back(ranks[i]);
+          staleText += (staleText.empty() ? "" : "; ") + describe(ranks[i], false);
+          continue;
+        }
+        if (record.size != size_) {
+          throw InvalidArgument("rank " + std::to_string(rank_) + " was created with size " +
+                                std::to_string(size_) + " but rank " + std::to_string(ranks[i]) +
+                                " with size " + std::to_string(record.size));
+        }
       }
-      if (record.size != size_) {
-        throw InvalidArgument("rank " + std::to_string(rank_) + " was created with size " +
-                              std::to_string(size_) + " but rank " + std::to_string(ranks[i]) +
-                              " with size " + std::to_string(record.size));
+      if (stale.empty()) return;
+      if (Clock::now() >= phase_.deadline) {
+        throw NetworkError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": the address records " +
+                           "of " + text::rankList(stale) + " (store keys 'rt/comm/addr/<rank>') are from processes " +
+                           "that have exited (" + staleText + "): a job that did not finish left them in this store, " +
+                           "and this job's " + text::rankList(stale) + " did not publish within " +
+                           std::to_string(phase_.elapsedMs()) + " ms. Did every rank start? Give each job a store " +
+                           "(or file:// path) of its own");
       }
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, phase_.remaining()));
+      backoff = std::min(backoff * 2, milliseconds(50));
     }
   }
 
@@ -146,10 +172,23 @@ class MeshBuilder {
 
   std::string describe(int peer, bool shm) const { return describePeer(peer, record(peer), shm); }
 
-  // The interfaces in play, for connection errors.
+  // The interfaces in play, for connection errors: named only when the peer runs on
+  // another host (on this one, every local address reaches its listener).
   std::string interfaceText(int peer) const {
+    if (sameHost(record(peer).host, record(rank_).host)) {
+      return "rank " + std::to_string(peer) + " runs on this host";
+    }
     return "rank " + std::to_string(peer) + "'s address comes from " + record(peer).tcpOrigin + ", rank " +
            std::to_string(rank_) + "'s from " + tcp_.origin + "; RINGTREE_SOCKET_IFNAME selects the interface";
+  }
+
+  // Throws at once when peer's process has exited since it published its record (it was
+  // running when readRecords() took it): waiting for it cannot succeed.
+  void throwIfPeerExited(int peer, const std::string& doing) const {
+    if (livenessOf(processOf(record(peer))) != Liveness::kGone) return;
+    throw NetworkError("rank " + std::to_string(rank_) + " " + doing + " " + describe(peer, false) +
+                       ", but that process has exited since it published its address (crashed or killed "
+                       "during the rendezvous?)");
   }
 
   // Which transport the pair (rank_, peer) may use; the same answer on both sides, since
@@ -204,6 +243,7 @@ class MeshBuilder {
         RINGTREE_DEBUG("rank " << rank_ << ": connecting to " << describe(peer, false) << ", attempt " << attempt
                                << ": " << net::errnoText(lastError));
       }
+      throwIfPeerExited(peer, "cannot connect (" + net::errnoText(lastError) + ") to");
       if (Clock::now() >= phase_.deadline) {
         throw NetworkError("rank " + std::to_string(rank_) + " could not connect to " + describe(peer, false) +
                            " within " + std::to_string(phase_.elapsedMs()) + " ms (" +
@@ -290,6 +330,9 @@ class MeshBuilder {
     std::vector<pollfd> fds;
     while (missing > 0) {
       if (Clock::now() >= phase_.deadline) throwAcceptTimeout();
+      for (int r = rank_ + 1; r < size_; ++r) {
+        if (pairs_[static_cast<size_t>(r)] == nullptr) throwIfPeerExited(r, "waits for a connection from");
+      }
       fds.assign(1, pollfd{tcp_.socket.fd(), POLLIN, 0});
       for (const Pending& p : pending) fds.push_back(pollfd{p.socket.fd(), POLLIN, 0});
       // Wake at least every second to drop connections that never send their handshake.
@@ -423,10 +466,13 @@ class MeshBuilder {
     for (int r = rank_ + 1; r < size_; ++r) {
       if (pairs_[static_cast<size_t>(r)] == nullptr) missing.push_back(r);
     }
+    // The interface may be the cause only for ranks on other hosts.
+    const bool elsewhere = std::any_of(missing.begin(), missing.end(),
+                                       [&](int r) { return !sameHost(record(r).host, record(rank_).host); });
     throw NetworkError("rank " + std::to_string(rank_) + ": " + text::rankList(missing) + " did not connect within " +
                        std::to_string(phase_.elapsedMs()) + " ms to this rank's address " +
                        net::formatHostPort(tcp_.host, tcp_.port) + " (from " + tcp_.origin +
-                       "; RINGTREE_SOCKET_IFNAME selects the interface)");
+                       (elsewhere ? "; RINGTREE_SOCKET_IFNAME selects the interface)" : "; they run on this host)"));
   }
 
   Store& store_;

@@ -16,8 +16,8 @@ namespace ringtree::rendezvous {
 
 namespace {
 
-constexpr char kRecordMagic[] = "RTA1";
-constexpr size_t kRecordFields = 9;
+constexpr char kRecordMagic[] = "RTA2";
+constexpr size_t kRecordFields = 11;
 constexpr char kNonceKey[] = "rt/comm/nonce";
 
 void appendField(Bytes* out, const std::string& value) {
@@ -50,7 +50,7 @@ Bytes encodeRecord(const PeerRecord& r) {
   for (const std::string& field :
        {r.host.hostname, r.host.bootId, std::to_string(r.pid), std::to_string(r.size),
         std::string(transportKindName(r.transport)), r.tcpHost, std::to_string(r.tcpPort), r.tcpOrigin,
-        r.shmName}) {
+        r.shmName, std::to_string(r.pidNamespace), std::to_string(r.startTicks)}) {
     appendField(&out, field);
   }
   return out;
@@ -77,6 +77,12 @@ bool decodeRecord(const Bytes& in, PeerRecord* r) {
       !text::parseInteger(fields[6], 1, 65535, &port)) {
     return false;
   }
+  int64_t pidNamespace = 0;
+  int64_t startTicks = 0;
+  if (!text::parseInteger(fields[9], 0, INT64_MAX, &pidNamespace) ||
+      !text::parseInteger(fields[10], 0, INT64_MAX, &startTicks)) {
+    return false;
+  }
   try {
     r->transport = parseTransportKind(fields[4]);
   } catch (const InvalidArgument&) {
@@ -89,7 +95,19 @@ bool decodeRecord(const Bytes& in, PeerRecord* r) {
   r->tcpPort = static_cast<uint16_t>(port);
   r->tcpOrigin = fields[7];
   r->shmName = fields[8];
+  r->pidNamespace = static_cast<uint64_t>(pidNamespace);
+  r->startTicks = static_cast<uint64_t>(startTicks);
   return true;
+}
+
+ProcessIdentity processOf(const PeerRecord& r) {
+  ProcessIdentity identity;
+  identity.hostname = r.host.hostname;
+  identity.bootId = r.host.bootId;
+  identity.pidNamespace = r.pidNamespace;
+  identity.pid = r.pid;
+  identity.startTicks = r.startTicks;
+  return identity;
 }
 
 std::string describePeer(int rank, const PeerRecord& r, bool shm) {

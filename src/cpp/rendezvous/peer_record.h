@@ -8,6 +8,7 @@
 #include <ringtree/communicator.h>
 #include <ringtree/store/store.h>
 
+#include "common/process_identity.h"
 #include "rendezvous/host_identity.h"
 
 // What every rank publishes in the store at the start of the connection phase: its
@@ -22,6 +23,10 @@ using Nonce = std::array<uint8_t, kNonceBytes>;
 struct PeerRecord {
   HostIdentity host;
   int64_t pid = 0;
+  // With host and pid, what tells later whether the process still runs
+  // (common/process_identity.h): its pid namespace and the pid's start time.
+  uint64_t pidNamespace = 0;
+  uint64_t startTicks = 0;
   int size = 0;
   TransportKind transport = TransportKind::kAuto;
   std::string tcpHost;
@@ -30,10 +35,13 @@ struct PeerRecord {
   std::string shmName;    // empty: shared memory not offered
 };
 
+// The process that published `record`, for livenessOf().
+ProcessIdentity processOf(const PeerRecord& record);
+
 // The store key of rank's record.
 std::string addressKey(int rank);
 
-// Encoding: "RTA1", then each field as a 4-byte length (host byte order) and its bytes,
+// Encoding: "RTA2", then each field as a 4-byte length (host byte order) and its bytes,
 // numbers as decimal text, in the order of PeerRecord. Values may hold any byte.
 Bytes encodeRecord(const PeerRecord& record);
 // Returns false for a malformed record (wrong magic, field count or lengths, a number out
