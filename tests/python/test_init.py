@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 import ringtree
-from harness import LATE_BY_S, free_port, run_world
+from harness import LATE_BY_S, PROMPT_S, free_port, run_world
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -90,6 +90,34 @@ def test_file_init_after_a_crashed_job_on_the_same_path(world_size, tmp_path):
     assert time.monotonic() - start < 10, "the rerun must not wait out the 20 s timeout"
     assert any("starting the file over" in r["stderr"] for r in rerun)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("phase", ["store", "collective"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_store_host_killed_mid_job_fails_every_rank_at_once(world_size, phase):
+    """Rank 0 hosts the TCPStore and is killed mid-job: ranks blocked in the store, or in
+    collectives, fail within PROMPT_S (not at their 20 s timeouts) naming what they lost."""
+    for _ in range(3):
+        port = free_port()
+        results = run_world(
+            "workers:store_host_killed", world_size,
+            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+                 "RINGTREE_USE_AGENT_STORE": "0"},
+            per_rank_env=[{"RANK": str(r)} for r in range(world_size)],
+            expect_errors=True, timeout=60, phase=phase,
+        )
+        if not any("Address already in use" in r.get("message", "") for r in results):
+            break
+    else:
+        pytest.fail("could not find a free port in 3 tries")
+    assert results[0].get("ok") == {"killed": True}, results[0]
+    for rank, result in enumerate(results[1:], start=1):
+        assert "ok" in result, result
+        report = result["ok"]
+        assert report["message"] is not None, f"rank {rank} saw no error"
+        assert report["seconds"] < PROMPT_S, (rank, report)
+        expected = f"TCPStore at 127.0.0.1:{port} lost during get" if phase == "store" else "rank 0 (host '"
+        assert expected in report["message"], (rank, report)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -218,3 +218,32 @@ def file_init_all_reduce(rank: int, world_size: int, path: str, crash: bool) -> 
         os._exit(1)
     ringtree.destroy_process_group()
     return float(data[0])
+
+
+def store_host_killed(rank: int, world_size: int, phase: str) -> dict:
+    """env:// job whose rank 0 hosts the TCPStore; rank 0 is SIGKILLed 0.3 s after the
+    first all_reduce while the others are in `phase`: "store" (blocked in a store get) or
+    "collective" (all_reduce in a loop). The others report how long their error took."""
+    import signal
+
+    import numpy as np
+
+    import harness
+
+    ringtree.init_process_group("gloo", timeout=timedelta(seconds=20))
+    data = np.ones(1024, dtype=np.float32)
+    ringtree.all_reduce(data)
+    if rank == 0:
+        print(harness.RESULT_PREFIX + '{"ok": {"killed": true}}', flush=True)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        if phase == "store":
+            ringtree.group.WORLD.store.get("never-set")
+        else:
+            while True:
+                ringtree.all_reduce(data)
+    except ringtree.DistNetworkError as exc:
+        return {"seconds": time.monotonic() - start, "message": str(exc)}
+    return {"seconds": time.monotonic() - start, "message": None}
