@@ -14,8 +14,13 @@ namespace ringtree {
 // may use it concurrently.
 //
 // With worldSize > 0 the file is a one-job rendezvous: each FileStore object registers
-// itself when created, and the last of worldSize objects to be destroyed removes the
-// file. With worldSize <= 0 the file is left in place.
+// itself (naming its process) when created, and the last of worldSize objects to be
+// destroyed removes the file. A file a job that did not finish left behind is recognised
+// when the next object registers: if every process registered in it has provably exited
+// (same host and pid namespace), the file starts over empty (logged); if some may still
+// run and they are worldSize or more, the constructor throws StoreError naming the file
+// and those processes. With worldSize <= 0 the file is left in place and nothing is
+// registered.
 //
 // Blocking calls poll the file (with a backoff up to a few milliseconds) until the keys
 // appear or the timeout passes.
