@@ -713,35 +713,29 @@ TEST(Rendezvous, InterfaceSelectsAddress) {
   EXPECT_TRUE(contains(message, "no-such-interface0")) << message;
 }
 
-// Parses the TCP address out of a rank's published record (see rendezvous/connect.cc:
-// "RTA2", then length-prefixed fields; host and port are fields 5 and 6).
+// The TCP address in a rank's published record.
 std::pair<std::string, uint16_t> publishedTcpAddress(Store& store, int rank) {
-  const Bytes record = store.get("rt/comm/addr/" + std::to_string(rank));
-  std::vector<std::string> fields;
-  size_t at = 4;
-  while (at + 4 <= record.size()) {
-    uint32_t length = 0;
-    std::memcpy(&length, record.data() + at, 4);
-    fields.emplace_back(reinterpret_cast<const char*>(record.data() + at + 4), length);
-    at += 4 + length;
+  rendezvous::PeerRecord record;
+  if (!rendezvous::decodeRecord(store.get(rendezvous::addressKey(rank)), &record)) {
+    throw std::runtime_error("malformed address record of rank " + std::to_string(rank));
   }
-  return {fields.at(5), static_cast<uint16_t>(std::stoi(fields.at(6)))};
+  return {record.tcpHost, record.tcpPort};
 }
 
-// Publishes an address record for `rank` as a process on host "elsewhere" would (same
-// encoding as publishedTcpAddress reads), without any process behind it.
+// Publishes an address record for `rank` as a process on host "elsewhere" would, without
+// any process behind it.
 void publishForeignRecord(Store& store, int rank, int size, const std::string& transport, uint16_t port) {
-  Bytes record = {'R', 'T', 'A', '2'};
-  for (const std::string& field : {std::string("elsewhere"), std::string("boot-elsewhere"), std::string("1"),
-                                   std::to_string(size), transport, std::string("127.0.0.1"),
-                                   std::to_string(port), std::string("interface 'test0'"), std::string(),
-                                   std::string("1"), std::string("0")}) {
-    const auto length = static_cast<uint32_t>(field.size());
-    const auto* p = reinterpret_cast<const uint8_t*>(&length);
-    record.insert(record.end(), p, p + 4);
-    record.insert(record.end(), field.begin(), field.end());
-  }
-  store.set("rt/comm/addr/" + std::to_string(rank), record);
+  rendezvous::PeerRecord record;
+  record.process.hostname = "elsewhere";
+  record.process.bootId = "boot-elsewhere";
+  record.process.pid = 1;
+  record.process.pidNamespace = 1;
+  record.size = size;
+  record.transport = parseTransportKind(transport);
+  record.tcpHost = "127.0.0.1";
+  record.tcpPort = port;
+  record.tcpOrigin = "interface 'test0'";
+  store.set(rendezvous::addressKey(rank), rendezvous::encodeRecord(record));
 }
 
 // A local TCP port with nothing listening on it (bound, then closed).
@@ -768,11 +762,10 @@ TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
 // Publishes for `rank` a record naming the process `pid` of this host, with a TCP
 // address nobody listens at.
 void publishRecordOf(Store& store, int rank, int size, pid_t pid) {
-  const ProcessIdentity self = localProcessIdentity();
   rendezvous::PeerRecord record;
-  record.host = {self.hostname, self.bootId};
-  record.pid = pid;
-  record.pidNamespace = self.pidNamespace;
+  record.process = localProcessIdentity();
+  record.process.pid = pid;
+  record.process.startTicks = 0;  // not known: any process with the pid counts
   record.size = size;
   record.transport = TransportKind::kTcp;
   record.tcpHost = "127.0.0.1";

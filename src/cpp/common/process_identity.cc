@@ -97,6 +97,10 @@ bool decodeProcessIdentity(const std::string& text, ProcessIdentity* identity) {
   return true;
 }
 
+bool sameHost(const ProcessIdentity& a, const ProcessIdentity& b) {
+  return a.hostname == b.hostname && a.bootId == b.bootId;
+}
+
 Liveness livenessOf(const ProcessIdentity& identity) {
   const std::string bootId = localBootId();
   if (identity.bootId.empty() || bootId.empty() || identity.bootId != bootId || identity.pidNamespace == 0 ||

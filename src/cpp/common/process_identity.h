@@ -41,6 +41,10 @@ enum class Liveness {
   kUnknown,  // another host or pid namespace, or too little known to tell
 };
 
+// Whether a and b run on the same kernel: the same host name and boot id (a host name
+// alone is shared by containers on several machines).
+bool sameHost(const ProcessIdentity& a, const ProcessIdentity& b);
+
 // Whether the process `identity` names still runs, as seen from the calling process.
 Liveness livenessOf(const ProcessIdentity& identity);
 

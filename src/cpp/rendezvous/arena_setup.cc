@@ -136,7 +136,7 @@ std::shared_ptr<arena::NodeArena> receiveArena(const ArenaSetup& setup) {
 
 bool arenaPossible(const std::vector<PeerRecord>& records) {
   for (const PeerRecord& r : records) {
-    if (r.transport == TransportKind::kTcp || r.shmName.empty() || !sameHost(r.host, records[0].host)) return false;
+    if (r.transport == TransportKind::kTcp || r.shmName.empty() || !sameHost(r.process, records[0].process)) return false;
   }
   return true;
 }

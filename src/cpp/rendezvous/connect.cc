@@ -19,7 +19,6 @@
 #include "common/text.h"
 #include "rendezvous/arena_setup.h"
 #include "rendezvous/handshake.h"
-#include "rendezvous/host_identity.h"
 #include "rendezvous/listener.h"
 #include "rendezvous/peer_record.h"
 #include "rendezvous/phase.h"
@@ -79,11 +78,7 @@ class MeshBuilder {
 
   void publish() {
     PeerRecord& self = records_[static_cast<size_t>(rank_)];
-    const ProcessIdentity process = localProcessIdentity();
-    self.host = {process.hostname, process.bootId};
-    self.pid = process.pid;
-    self.pidNamespace = process.pidNamespace;
-    self.startTicks = process.startTicks;
+    self.process = localProcessIdentity();
     self.size = size_;
     self.transport = options_.transport;
     tcp_ = listenForPeers(options_.interface);
@@ -143,7 +138,7 @@ class MeshBuilder {
           throw StoreError("the address record of rank " + std::to_string(ranks[i]) + " under '" + keys[i] +
                            "' is malformed (a key of another program in this store?)");
         }
-        if (livenessOf(processOf(record)) == Liveness::kGone) {
+        if (livenessOf(record.process) == Liveness::kGone) {
           stale.push_back(ranks[i]);
           staleText += (staleText.empty() ? "" : "; ") + describe(ranks[i], false);
           continue;
@@ -175,7 +170,7 @@ class MeshBuilder {
   // The interfaces in play, for connection errors: named only when the peer runs on
   // another host (on this one, every local address reaches its listener).
   std::string interfaceText(int peer) const {
-    if (sameHost(record(peer).host, record(rank_).host)) {
+    if (sameHost(record(peer).process, record(rank_).process)) {
       return "rank " + std::to_string(peer) + " runs on this host";
     }
     return "rank " + std::to_string(peer) + "'s address comes from " + record(peer).tcpOrigin + ", rank " +
@@ -185,7 +180,7 @@ class MeshBuilder {
   // Throws at once when peer's process has exited since it published its record (it was
   // running when readRecords() took it): waiting for it cannot succeed.
   void throwIfPeerExited(int peer, const std::string& doing) const {
-    if (livenessOf(processOf(record(peer))) != Liveness::kGone) return;
+    if (livenessOf(record(peer).process) != Liveness::kGone) return;
     throw NetworkError("rank " + std::to_string(rank_) + " " + doing + " " + describe(peer, false) +
                        ", but that process has exited since it published its address (crashed or killed "
                        "during the rendezvous?)");
@@ -204,8 +199,8 @@ class MeshBuilder {
     }
     if (mine == TransportKind::kTcp || theirs == TransportKind::kTcp) return Route::kTcp;
     const bool required = mine == TransportKind::kShm || theirs == TransportKind::kShm;
-    const HostIdentity& here = record(rank_).host;
-    const HostIdentity& there = record(peer).host;
+    const ProcessIdentity& here = record(rank_).process;
+    const ProcessIdentity& there = record(peer).process;
     if (!sameHost(here, there)) {
       if (!required) return Route::kTcp;
       throw NetworkError("transport shm is required, but rank " + std::to_string(rank_) + " (host '" +
@@ -468,7 +463,7 @@ class MeshBuilder {
     }
     // The interface may be the cause only for ranks on other hosts.
     const bool elsewhere = std::any_of(missing.begin(), missing.end(),
-                                       [&](int r) { return !sameHost(record(r).host, record(rank_).host); });
+                                       [&](int r) { return !sameHost(record(r).process, record(rank_).process); });
     throw NetworkError("rank " + std::to_string(rank_) + ": " + text::rankList(missing) + " did not connect within " +
                        std::to_string(phase_.elapsedMs()) + " ms to this rank's address " +
                        net::formatHostPort(tcp_.host, tcp_.port) + " (from " + tcp_.origin +

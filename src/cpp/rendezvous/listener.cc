@@ -3,7 +3,7 @@
 #include <ringtree/error.h>
 
 #include "common/logging.h"
-#include "rendezvous/host_identity.h"
+#include "common/process_identity.h"
 
 namespace ringtree::rendezvous {
 
@@ -28,7 +28,7 @@ TcpListener listenForPeers(const std::string& interface) {
       throw NetworkError("cannot listen for peers on interface '" + interface + "': " + lastError);
     }
   } else {
-    const std::string hostname = localHostIdentity().hostname;
+    const std::string hostname = localHostname();
     std::string error;
     for (const auto& address : net::resolve(hostname, 0, &error)) {
       if (net::isLoopback(address)) continue;

@@ -48,9 +48,9 @@ std::string addressKey(int rank) { return "rt/comm/addr/" + std::to_string(rank)
 Bytes encodeRecord(const PeerRecord& r) {
   Bytes out(kRecordMagic, kRecordMagic + 4);
   for (const std::string& field :
-       {r.host.hostname, r.host.bootId, std::to_string(r.pid), std::to_string(r.size),
+       {r.process.hostname, r.process.bootId, std::to_string(r.process.pid), std::to_string(r.size),
         std::string(transportKindName(r.transport)), r.tcpHost, std::to_string(r.tcpPort), r.tcpOrigin,
-        r.shmName, std::to_string(r.pidNamespace), std::to_string(r.startTicks)}) {
+        r.shmName, std::to_string(r.process.pidNamespace), std::to_string(r.process.startTicks)}) {
     appendField(&out, field);
   }
   return out;
@@ -88,30 +88,22 @@ bool decodeRecord(const Bytes& in, PeerRecord* r) {
   } catch (const InvalidArgument&) {
     return false;
   }
-  r->host = {fields[0], fields[1]};
-  r->pid = pid;
+  r->process = ProcessIdentity{};
+  r->process.hostname = fields[0];
+  r->process.bootId = fields[1];
+  r->process.pid = pid;
   r->size = static_cast<int>(size);
   r->tcpHost = fields[5];
   r->tcpPort = static_cast<uint16_t>(port);
   r->tcpOrigin = fields[7];
   r->shmName = fields[8];
-  r->pidNamespace = static_cast<uint64_t>(pidNamespace);
-  r->startTicks = static_cast<uint64_t>(startTicks);
+  r->process.pidNamespace = static_cast<uint64_t>(pidNamespace);
+  r->process.startTicks = static_cast<uint64_t>(startTicks);
   return true;
 }
 
-ProcessIdentity processOf(const PeerRecord& r) {
-  ProcessIdentity identity;
-  identity.hostname = r.host.hostname;
-  identity.bootId = r.host.bootId;
-  identity.pidNamespace = r.pidNamespace;
-  identity.pid = r.pid;
-  identity.startTicks = r.startTicks;
-  return identity;
-}
-
 std::string describePeer(int rank, const PeerRecord& r, bool shm) {
-  return "rank " + std::to_string(rank) + " (host '" + r.host.hostname + "', pid " + std::to_string(r.pid) + ", " +
+  return "rank " + std::to_string(rank) + " (" + describeProcess(r.process) + ", " +
          (shm ? std::string("shm") : "tcp " + net::formatHostPort(r.tcpHost, r.tcpPort)) + ")";
 }
 

@@ -9,7 +9,6 @@
 #include <ringtree/store/store.h>
 
 #include "common/process_identity.h"
-#include "rendezvous/host_identity.h"
 
 // What every rank publishes in the store at the start of the connection phase: its
 // address record under "rt/comm/addr/<rank>", and the random per-communicator nonce
@@ -21,12 +20,10 @@ using Nonce = std::array<uint8_t, kNonceBytes>;
 
 // One rank's published record: who it is and how to reach it.
 struct PeerRecord {
-  HostIdentity host;
-  int64_t pid = 0;
-  // With host and pid, what tells later whether the process still runs
-  // (common/process_identity.h): its pid namespace and the pid's start time.
-  uint64_t pidNamespace = 0;
-  uint64_t startTicks = 0;
+  // The publishing process: its host (the first half of the "same host" decision; the
+  // second is the shared-memory probe, transport/shm/device.h) and what tells later
+  // whether it still runs. takenAtMs is not published.
+  ProcessIdentity process;
   int size = 0;
   TransportKind transport = TransportKind::kAuto;
   std::string tcpHost;
@@ -34,9 +31,6 @@ struct PeerRecord {
   std::string tcpOrigin;  // how the address was chosen, e.g. "interface 'eth0'"
   std::string shmName;    // empty: shared memory not offered
 };
-
-// The process that published `record`, for livenessOf().
-ProcessIdentity processOf(const PeerRecord& record);
 
 // The store key of rank's record.
 std::string addressKey(int rank);
