@@ -761,7 +761,9 @@ TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
 
 // Publishes for `rank` a record naming the process `pid` of this host, with a TCP
 // address nobody listens at.
-void publishRecordOf(Store& store, int rank, int size, pid_t pid) {
+// Publishes for `rank` a record naming process `pid` of this host, listening at port
+// (default: a port nothing listens on).
+void publishRecordOf(Store& store, int rank, int size, pid_t pid, uint16_t port = closedPort()) {
   rendezvous::PeerRecord record;
   record.process = localProcessIdentity();
   record.process.pid = pid;
@@ -769,7 +771,7 @@ void publishRecordOf(Store& store, int rank, int size, pid_t pid) {
   record.size = size;
   record.transport = TransportKind::kTcp;
   record.tcpHost = "127.0.0.1";
-  record.tcpPort = closedPort();
+  record.tcpPort = port;
   record.tcpOrigin = "interface 'lo'";
   store.set(rendezvous::addressKey(rank), rendezvous::encodeRecord(record));
 }
@@ -799,18 +801,22 @@ TEST(Rendezvous, RecordOfAnExitedProcessCountsAsNotYetPublished) {
 }
 
 TEST(Rendezvous, PeerThatDiesAfterPublishingFailsTheRendezvousAtOnce) {
-  // The peer's record names a running process, which is killed 300 ms into the
-  // rendezvous: rank 1 (connecting to it) and rank 0 (waiting for it) fail within a
-  // second or so, not at their 20 s timeout.
+  // The peer's record names a running process (which holds the listener the record
+  // names but never answers), killed 300 ms into the rendezvous: rank 1 (connected,
+  // waiting for the handshake's answer) and rank 0 (waiting for it to connect) fail
+  // within a second or so, not at their 20 s timeout.
   for (const int rank : {1, 0}) {
+    net::Socket listener = net::listenTcp("127.0.0.1", 0);
+    const uint16_t port = net::localPort(listener.fd());
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
       ::pause();
       ::_exit(0);
     }
+    listener.reset();  // the child's copy stays open until it dies
     const auto store = test::freshStore();
-    publishRecordOf(*store, 1 - rank, 2, child);
+    publishRecordOf(*store, 1 - rank, 2, child, port);
     std::thread killer([child] {
       std::this_thread::sleep_for(300ms);
       ::kill(child, SIGKILL);
@@ -821,12 +827,71 @@ TEST(Rendezvous, PeerThatDiesAfterPublishingFailsTheRendezvousAtOnce) {
         [&] { Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 20s)); });
     killer.join();
     EXPECT_LT(elapsedSince(start), 300ms + test::kPrompt) << message;
-    EXPECT_TRUE(contains(message, rank == 1 ? "rank 1 cannot connect (Connection refused) to rank 0 (host '"
+    EXPECT_TRUE(contains(message, rank == 1 ? "rank 1 waits for the handshake's answer of rank 0 (host '"
                                             : "rank 0 waits for a connection from rank 1 (host '"))
         << message;
     EXPECT_TRUE(contains(message, "pid " + std::to_string(child) + ", tcp 127.0.0.1:")) << message;
     EXPECT_TRUE(contains(message, "but that process has exited since it published its address")) << message;
   }
+}
+
+TEST(Rendezvous, RecordOfARunningProcessThatNoLongerListensFailsAtOnce) {
+  // Rank 0's record names a process of this host that still runs but listens no more at
+  // the published address (a rank of an earlier job that lingers, whose connection phase
+  // is long over): rank 1 fails at its first refused connection, naming that process,
+  // instead of retrying until its 20 s timeout or blaming the network.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const auto store = test::freshStore();
+  publishRecordOf(*store, 0, 2, child);
+  const auto start = Clock::now();
+  const std::string message = messageOf<NetworkError>(
+      [&] { Communicator::create(store, 1, 2, testOptions(TransportKind::kTcp, 20s)); });
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_LT(elapsedSince(start), test::kPrompt) << message;
+  for (const std::string& part : {"rank 1 cannot connect to rank 0 (host '" + localHostname() + "', pid " +
+                                      std::to_string(child) + " (",
+                                  std::string("nothing listens at the address it published, though its process "
+                                              "still runs"),
+                                  std::string("the record is from an earlier job whose processes linger"),
+                                  "Stop pid " + std::to_string(child)}) {
+    EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+  }
+  EXPECT_FALSE(contains(message, "RINGTREE_SOCKET_IFNAME")) << message;
+}
+
+TEST(Rendezvous, RankHeldByAnotherRunningProcessIsRefusedAtOnce) {
+  // The store already holds rank 1's record from another process of this host that still
+  // runs (an earlier job lingering on a store reached again, or rank 1 given twice):
+  // rank 1 refuses at once, naming it, and leaves that record in place.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const auto store = test::freshStore();
+  publishRecordOf(*store, 1, 2, child);
+  const Bytes before = store->get(rendezvous::addressKey(1));
+  const auto start = Clock::now();
+  const std::string message = messageOf<StoreError>(
+      [&] { Communicator::create(store, 1, 2, testOptions(TransportKind::kTcp, 20s)); });
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_LT(elapsedSince(start), test::kPrompt) << message;
+  for (const std::string& part : {std::string("rank 1 of 2: the store already holds the address of rank 1 from "
+                                              "another process that still runs (host '"),
+                                  "pid " + std::to_string(child) + " (",
+                                  std::string("or two processes were given rank 1"),
+                                  "Stop pid " + std::to_string(child)}) {
+    EXPECT_TRUE(contains(message, part)) << message << "\nlacks: " << part;
+  }
+  EXPECT_EQ(store->get(rendezvous::addressKey(1)), before);
 }
 
 TEST(Rendezvous, RecordsOfExitedProcessesAreNamedWhenNobodyReplacesThem) {

@@ -1,13 +1,19 @@
 #include "common/process_identity.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cinttypes>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <csignal>
 #include <fstream>
+#include <iterator>
+#include <set>
 #include <sstream>
 
 namespace ringtree {
@@ -35,6 +41,45 @@ bool readStat(int64_t pid, char* state, uint64_t* startTicks) {
     return false;
   }
   return true;
+}
+
+// Seconds since boot (/proc/uptime); negative when unreadable.
+double uptimeSeconds() {
+  std::ifstream file("/proc/uptime");
+  double seconds = -1;
+  if (!(file >> seconds)) return -1;
+  return seconds;
+}
+
+// /proc/PID/cmdline with its NULs as spaces, cut to maxChars; "" when unreadable.
+std::string commandLine(int64_t pid, size_t maxChars) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  for (char& c : text) {
+    if (c == '\0' || c == '\n') c = ' ';
+  }
+  if (text.size() > maxChars) text = text.substr(0, maxChars - 3) + "...";
+  return text;
+}
+
+// The socket inodes of /proc/net/<table> listening on port (state 0A).
+void listeningInodes(const char* table, uint16_t port, std::set<uint64_t>* inodes) {
+  std::ifstream file(std::string("/proc/net/") + table);
+  std::string line;
+  std::getline(file, line);  // the header
+  while (std::getline(file, line)) {
+    // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout;
+    uint64_t inode = 0;
+    if (!(fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode)) {
+      continue;
+    }
+    const auto colon = local.rfind(':');
+    if (colon == std::string::npos || state != "0A") continue;
+    if (std::strtoul(local.c_str() + colon + 1, nullptr, 16) == port && inode != 0) inodes->insert(inode);
+  }
 }
 
 uint64_t pidNamespaceInode() {
@@ -101,6 +146,10 @@ bool sameHost(const ProcessIdentity& a, const ProcessIdentity& b) {
   return a.hostname == b.hostname && a.bootId == b.bootId;
 }
 
+bool sameProcess(const ProcessIdentity& a, const ProcessIdentity& b) {
+  return sameHost(a, b) && a.pidNamespace == b.pidNamespace && a.pid == b.pid && a.startTicks == b.startTicks;
+}
+
 Liveness livenessOf(const ProcessIdentity& identity) {
   const std::string bootId = localBootId();
   if (identity.bootId.empty() || bootId.empty() || identity.bootId != bootId || identity.pidNamespace == 0 ||
@@ -121,6 +170,55 @@ Liveness livenessOf(const ProcessIdentity& identity) {
 
 std::string describeProcess(const ProcessIdentity& identity) {
   return "host '" + identity.hostname + "', pid " + std::to_string(identity.pid);
+}
+
+std::string describeLocalProcess(int64_t pid) {
+  std::string details;
+  const std::string command = commandLine(pid, 60);
+  if (!command.empty()) details = "'" + command + "'";
+  char state = '?';
+  uint64_t startTicks = 0;
+  const double uptime = uptimeSeconds();
+  const long ticksPerSecond = ::sysconf(_SC_CLK_TCK);
+  if (readStat(pid, &state, &startTicks) && uptime >= 0 && ticksPerSecond > 0) {
+    const double age = uptime - static_cast<double>(startTicks) / static_cast<double>(ticksPerSecond);
+    details += std::string(details.empty() ? "" : ", ") + "running for " +
+               std::to_string(static_cast<int64_t>(age < 0 ? 0 : age)) + " s";
+  }
+  return "pid " + std::to_string(pid) + (details.empty() ? "" : " (" + details + ")");
+}
+
+std::vector<int64_t> processesListeningOn(uint16_t port) {
+  std::set<uint64_t> inodes;
+  listeningInodes("tcp", port, &inodes);
+  listeningInodes("tcp6", port, &inodes);
+  std::vector<int64_t> pids;
+  if (inodes.empty()) return pids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (const dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || pid <= 0) continue;
+    const std::string fdDir = "/proc/" + std::string(entry->d_name) + "/fd";
+    DIR* fds = ::opendir(fdDir.c_str());
+    if (fds == nullptr) continue;  // gone meanwhile, or another user's
+    bool holds = false;
+    while (const dirent* fd = ::readdir(fds)) {
+      char target[64] = {0};
+      const std::string link = fdDir + "/" + fd->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      uint64_t inode = 0;
+      if (n > 0 && std::sscanf(target, "socket:[%" SCNu64 "]", &inode) == 1 && inodes.count(inode) != 0) {
+        holds = true;
+        break;
+      }
+    }
+    ::closedir(fds);
+    if (holds) pids.push_back(pid);
+  }
+  ::closedir(proc);
+  return pids;
 }
 
 }  // namespace ringtree

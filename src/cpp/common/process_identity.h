@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 // Who a process is, precisely enough to tell later, from another process, whether it still
 // runs: the host (name and kernel boot), the pid namespace, the pid and the pid's start
@@ -45,10 +46,23 @@ enum class Liveness {
 // alone is shared by containers on several machines).
 bool sameHost(const ProcessIdentity& a, const ProcessIdentity& b);
 
+// Whether a and b name one process (one host, pid namespace, pid and start time).
+bool sameProcess(const ProcessIdentity& a, const ProcessIdentity& b);
+
 // Whether the process `identity` names still runs, as seen from the calling process.
 Liveness livenessOf(const ProcessIdentity& identity);
 
 // "host 'vm', pid 1234": how messages name the process.
 std::string describeProcess(const ProcessIdentity& identity);
+
+// "pid 1234 ('python train.py --lr 0.1', running for 35 s)": a process of this host and
+// pid namespace, with what /proc tells of it (its command line, shortened, and how long
+// it has run); "pid 1234" alone when /proc does not show it.
+std::string describeLocalProcess(int64_t pid);
+
+// The pids of the processes that hold a TCP socket listening on port (IPv4 or IPv6, any
+// address), as far as /proc shows them to this process (the calling user's own processes,
+// or all for root). Empty when none is visible.
+std::vector<int64_t> processesListeningOn(uint16_t port);
 
 }  // namespace ringtree

@@ -17,6 +17,8 @@
 
 #include <ringtree/error.h>
 
+#include "common/process_identity.h"
+
 namespace ringtree::net {
 
 namespace {
@@ -211,9 +213,16 @@ Socket listenTcp(const std::string& bindAddress, uint16_t port, int backlog) {
     }
   }
   if (error != 0) {
+    std::string holders;
+    if (error == EADDRINUSE && port != 0) {
+      for (const int64_t pid : processesListeningOn(port)) {
+        holders += (holders.empty() ? "" : ", ") + describeLocalProcess(pid);
+      }
+      holders = holders.empty() ? "" : " (port " + std::to_string(port) + " is held by " + holders + " on this host)";
+    }
     throw NetworkError("cannot listen on " +
                        formatHostPort(bindAddress.empty() ? "*" : bindAddress, port) + ": " +
-                       errnoText(error));
+                       errnoText(error) + holders);
   }
   return socket;
 }

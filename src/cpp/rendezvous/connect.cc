@@ -35,6 +35,8 @@ using transport::Pair;
 constexpr milliseconds kConnectAttempt = std::chrono::seconds(5);
 constexpr milliseconds kFirstBackoff{10};
 constexpr milliseconds kMaxBackoff{1000};
+// How long a peer whose connection broke gets to show as exited in /proc.
+constexpr milliseconds kExitSettle{250};
 
 // Connects rank to all its peers; one object per connectFullMesh call.
 class MeshBuilder {
@@ -100,8 +102,42 @@ class MeshBuilder {
     }
     RINGTREE_INFO("rank " << rank_ << " listens at " << net::formatHostPort(tcp_.host, tcp_.port)
                           << " (from " << tcp_.origin << ")");
-    store_.set(addressKey(rank_), encodeRecord(self));
+    const Bytes mine = encodeRecord(self);
+    const Bytes held = store_.compareSet(addressKey(rank_), Bytes{}, mine);
+    if (held != mine) {
+      refuseIfRankHeld(held);
+      store_.set(addressKey(rank_), mine);
+    }
     nonce_ = agreeOnNonce(store_);
+  }
+
+  // This rank's key already held `held` when it came to publish. A record of a process
+  // that has exited (or of this one) is a leftover to replace; one of another process
+  // that still runs means two live processes claim this rank on one store: an earlier
+  // job that lingers, reached again by a relaunch on the same store, or a rank given
+  // twice. Waiting cannot resolve that, so it throws StoreError at once. (A record from
+  // another host cannot be checked and is replaced.)
+  void refuseIfRankHeld(const Bytes& held) const {
+    PeerRecord previous;
+    if (!decodeRecord(held, &previous)) {
+      throw StoreError("rank " + std::to_string(rank_) + ": the store key '" + addressKey(rank_) +
+                       "' holds something that is no address record (a key of another program in this store?)");
+    }
+    const ProcessIdentity& self = record(rank_).process;
+    if (sameProcess(previous.process, self) || livenessOf(previous.process) != Liveness::kRunning) return;
+    throw StoreError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": the store already holds " +
+                     "the address of rank " + std::to_string(rank_) + " from another process that still runs (" +
+                     describeLiveRecord(previous) + "): a job that still runs uses this store (a relaunch on the " +
+                     "same MASTER_ADDR:MASTER_PORT, store or file:// path while processes of the earlier job " +
+                     "linger?), or two processes were given rank " + std::to_string(rank_) + ". Stop pid " +
+                     std::to_string(previous.process.pid) + " or give this job a store of its own");
+  }
+
+  // "host 'vm', pid 1234 ('python train.py', running for 35 s), tcp 10.0.0.2:41234": a
+  // record of a process that runs on this host.
+  static std::string describeLiveRecord(const PeerRecord& r) {
+    return "host '" + r.process.hostname + "', " + describeLocalProcess(r.process.pid) + ", tcp " +
+           net::formatHostPort(r.tcpHost, r.tcpPort);
   }
 
   void readRecords() {
@@ -178,12 +214,34 @@ class MeshBuilder {
   }
 
   // Throws at once when peer's process has exited since it published its record (it was
-  // running when readRecords() took it): waiting for it cannot succeed.
-  void throwIfPeerExited(int peer, const std::string& doing) const {
-    if (livenessOf(record(peer).process) != Liveness::kGone) return;
+  // running when readRecords() took it): waiting for it cannot succeed. settle: how long
+  // to wait for the process to show as exited, after a sign that it is exiting (its
+  // sockets close before /proc shows it gone).
+  void throwIfPeerExited(int peer, const std::string& doing, milliseconds settle = milliseconds(0)) const {
+    const auto until = Clock::now() + settle;
+    while (livenessOf(record(peer).process) != Liveness::kGone) {
+      if (Clock::now() >= until) return;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
     throw NetworkError("rank " + std::to_string(rank_) + " " + doing + " " + describe(peer, false) +
                        ", but that process has exited since it published its address (crashed or killed "
                        "during the rendezvous?)");
+  }
+
+  // Throws at once when peer's process runs on this host but refused the connection: it
+  // listens at its published address from before publishing until its connection phase
+  // ends, so that phase is over and the record cannot be of this communicator.
+  void throwIfListenerClosed(int peer, int error) const {
+    const ProcessIdentity& there = record(peer).process;
+    if (error != ECONNREFUSED || !sameHost(there, record(rank_).process)) return;
+    throwIfPeerExited(peer, "cannot connect (" + net::errnoText(error) + ") to", kExitSettle);
+    if (livenessOf(there) != Liveness::kRunning) return;
+    throw NetworkError("rank " + std::to_string(rank_) + " cannot connect to rank " + std::to_string(peer) + " (" +
+                       describeLiveRecord(record(peer)) + "): nothing listens at the address it published, though " +
+                       "its process still runs, so its connection phase is over: the record is from an earlier job " +
+                       "whose processes linger (a relaunch on the same MASTER_ADDR:MASTER_PORT or store?), or rank " +
+                       std::to_string(peer) + " gave up this rendezvous. Stop pid " + std::to_string(there.pid) +
+                       " or give this job a store of its own");
   }
 
   // Which transport the pair (rank_, peer) may use; the same answer on both sides, since
@@ -239,6 +297,7 @@ class MeshBuilder {
                                << ": " << net::errnoText(lastError));
       }
       throwIfPeerExited(peer, "cannot connect (" + net::errnoText(lastError) + ") to");
+      throwIfListenerClosed(peer, lastError);
       if (Clock::now() >= phase_.deadline) {
         throw NetworkError("rank " + std::to_string(rank_) + " could not connect to " + describe(peer, false) +
                            " within " + std::to_string(phase_.elapsedMs()) + " ms (" +
@@ -288,6 +347,7 @@ class MeshBuilder {
     Hello reply;
     io = net::recvAll(tcpSocket.fd(), &reply, sizeof(reply), deadline);
     if (!io.ok()) {
+      throwIfPeerExited(peer, "waits for the handshake's answer of", kExitSettle);
       throw NetworkError("rank " + std::to_string(rank_) + ": " + describe(peer, false) +
                          " did not answer the handshake at " + where + ": " + io.describe() +
                          " (is a process of another job or communicator listening there?)");
