@@ -6,12 +6,15 @@
 prints one JSON line with the return value or the exception; ``run_world`` returns the
 list of results by rank, or raises AssertionError with every rank's output when a
 process failed, hung past ``timeout`` (all are killed then) or printed no result.
+``start_world`` starts them without waiting, for processes that go on running after their
+result (``read_result`` reads it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -33,7 +36,7 @@ LATE_BY_S = 3.0  # how late after its deadline a timeout may fire (never before 
 
 def free_port() -> int:
     """A port that was free a moment ago (tests of rank-0-hosted rendezvous need a fixed
-    port up front; callers retry on the rare collision, see run_world(retry_bind=True))."""
+    port up front; callers retry on the rare collision)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -60,17 +63,16 @@ def failed_cases(summary: dict, where: str) -> str:
     return "\n  ".join(lines)
 
 
-def run_world(
+def start_world(
     target: str,
     world_size: int,
     env: dict[str, str] | None = None,
-    timeout: float = 60.0,
-    expect_errors: bool = False,
     per_rank_env: list[dict[str, str]] | None = None,
     **kwargs: Any,
-) -> list[dict[str, Any]]:
-    """Runs ``target`` on ``world_size`` processes and returns each rank's result dict
-    ({"ok": value} or {"error": name, "message": ...})."""
+) -> list[subprocess.Popen]:
+    """Starts ``target`` on ``world_size`` processes (text pipes for stdout and stderr)
+    and returns them without waiting; each prints its result line when the target
+    returns (see read_result)."""
     procs = []
     for rank in range(world_size):
         child_env = dict(os.environ)
@@ -90,6 +92,36 @@ def run_world(
                 text=True,
             )
         )
+    return procs
+
+
+def read_result(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+    """The result line a process of start_world printed (it may go on running), read from
+    its stdout within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([proc.stdout], [], [], remaining)[0]:
+            raise AssertionError(f"pid {proc.pid} printed no result within {timeout} s")
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"pid {proc.pid} exited with {proc.wait()} and no result")
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+
+
+def run_world(
+    target: str,
+    world_size: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    expect_errors: bool = False,
+    per_rank_env: list[dict[str, str]] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Runs ``target`` on ``world_size`` processes and returns each rank's result dict
+    ({"ok": value} or {"error": name, "message": ...})."""
+    procs = start_world(target, world_size, env=env, per_rank_env=per_rank_env, **kwargs)
     deadline = time.monotonic() + timeout
     outputs = []
     for proc in procs:

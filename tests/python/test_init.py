@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 import ringtree
-from harness import LATE_BY_S, PROMPT_S, free_port, run_world
+from harness import LATE_BY_S, PROMPT_S, free_port, read_result, run_world, start_world
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -90,6 +90,54 @@ def test_file_init_after_a_crashed_job_on_the_same_path(world_size, tmp_path):
     assert time.monotonic() - start < 10, "the rerun must not wait out the 20 s timeout"
     assert any("starting the file over" in r["stderr"] for r in rerun)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("lingering", ["rank 0", "every rank"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_relaunch_on_the_port_of_a_job_that_lingers_fails_at_once(world_size, lingering):
+    """An earlier env:// job on MASTER_PORT left processes running (its rank 0, which hosts
+    its store, among them); a relaunch on the same port fails on every rank within
+    PROMPT_S, each naming the process in its way, instead of using the old job's store and
+    waiting out its 20 s timeout."""
+    linger = [0] if lingering == "rank 0" else list(range(world_size))
+    for _ in range(3):
+        port = free_port()
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+               "RINGTREE_USE_AGENT_STORE": "0"}
+        per_rank = [{"RANK": str(r)} for r in range(world_size)]
+        old = start_world("workers:job_that_lingers", world_size, env=env, per_rank_env=per_rank, lingering=linger)
+        try:
+            earlier = [read_result(proc, 60) for proc in old]
+            if any("Address already in use" in r.get("message", "") for r in earlier):
+                continue
+            old_pids = [r["ok"]["pid"] for r in earlier]
+            for rank, proc in enumerate(old):
+                if rank not in linger:
+                    proc.wait(timeout=30)
+            relaunch = run_world("workers:timed_env_init", world_size, env=env, per_rank_env=per_rank, timeout=60)
+        finally:
+            for proc in old:
+                proc.kill()
+                proc.communicate()
+        break
+    else:
+        pytest.fail("could not find a free port in 3 tries")
+    for rank, result in enumerate(relaunch):
+        report = result["ok"]
+        expected_error = "DistNetworkError" if rank == 0 or lingering == "rank 0" else "DistStoreError"
+        assert report["error"] == expected_error, (rank, report)
+        assert report["seconds"] < PROMPT_S, (rank, report)
+        if rank == 0:
+            expected = [f"rank 0 cannot host the job's store on port {port}", f"held by pid {old_pids[0]} ("]
+        elif lingering == "rank 0":
+            expected = [f"rank {rank} cannot connect to rank 0 (host '", f"pid {old_pids[0]} (",
+                        "nothing listens at the address it published, though its process still runs"]
+        else:
+            expected = [f"the store already holds the address of rank {rank} from another process that still runs",
+                        f"pid {old_pids[rank]} ("]
+        for part in expected:
+            assert part in report["message"], (rank, part, report)
+        assert "RINGTREE_SOCKET_IFNAME" not in report["message"], (rank, report)
 
 
 @pytest.mark.parametrize("phase", ["store", "collective"])

@@ -247,3 +247,34 @@ def store_host_killed(rank: int, world_size: int, phase: str) -> dict:
     except ringtree.DistNetworkError as exc:
         return {"seconds": time.monotonic() - start, "message": str(exc)}
     return {"seconds": time.monotonic() - start, "message": None}
+
+
+def job_that_lingers(rank: int, world_size: int, lingering: list[int]) -> None:
+    """env:// job (rank 0 hosts the TCPStore): init, all_reduce, then ranks in `lingering`
+    print their result and stay (a hung or slow-to-exit process of an earlier job; the
+    test kills them), the others print theirs and crash."""
+    import sys
+
+    import numpy as np
+
+    import harness
+
+    ringtree.init_process_group("gloo", timeout=timedelta(seconds=20))
+    ringtree.all_reduce(np.ones(4, dtype=np.float32))
+    ringtree.barrier()  # every rank is done with the job before any of them dies
+    print(harness.RESULT_PREFIX + '{"ok": {"pid": %d}}' % os.getpid(), flush=True)
+    if rank not in lingering:
+        sys.stderr.flush()
+        os._exit(1)
+    time.sleep(120)
+
+
+def timed_env_init(rank: int, world_size: int) -> dict:
+    """env:// init (20 s timeout): how long it took and how it failed, if it did."""
+    start = time.monotonic()
+    try:
+        ringtree.init_process_group("gloo", timeout=timedelta(seconds=20))
+    except ringtree.DistError as exc:
+        return {"seconds": time.monotonic() - start, "error": type(exc).__name__, "message": str(exc)}
+    ringtree.destroy_process_group()
+    return {"seconds": time.monotonic() - start, "error": None, "message": ""}

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
 
 from . import constants
 from ._C import FileStore, Store, TCPStore
+from .errors import DistNetworkError
 
 __all__ = ["rendezvous", "register_rendezvous_handler"]
 
@@ -98,7 +99,17 @@ def _create_tcp_store(host: str, port: int, rank: int, world_size: int, timeout:
         raise ValueError(f"Error initializing ringtree: port must be in [1, 65535], got {port}")
     use_agent_store = os.environ.get(constants.ENV_USE_AGENT_STORE, "0") == "1"
     is_master = rank == 0 and not use_agent_store and port not in _hosted_servers
-    store = TCPStore(host, port, world_size, is_master, timeout, wait_for_workers=False)
+    try:
+        store = TCPStore(host, port, world_size, is_master, timeout, wait_for_workers=False)
+    except DistNetworkError as exc:
+        if not is_master or "Address already in use" not in str(exc):
+            raise
+        raise DistNetworkError(
+            f"rank 0 cannot host the job's store on port {port}: {exc}. A process that still holds "
+            f"the port (a rank of an earlier job that lingers?) would answer the other ranks in "
+            f"this job's place: stop it, or give this job another port (MASTER_PORT or the "
+            f"tcp:// URL)"
+        ) from None
     if is_master:
         _hosted_servers[port] = store
     return store
