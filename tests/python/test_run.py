@@ -527,6 +527,64 @@ def test_failure_on_another_node_fails_node_zero(job):
     assert "workers failed on 1 other node(s)" in node0_err
 
 
+# A job that runs until it is stopped: init over the launcher's store, an all_reduce, a
+# report, then all_reduces until one fails (TEST_PHASE=collective), or a long sleep
+# (TEST_PHASE=idle: a rank busy with something else than ringtree).
+LONG_JOB_WORKER = """
+from datetime import timedelta
+import numpy as np
+import ringtree
+ringtree.init_process_group("gloo", timeout=timedelta(seconds=30))
+data = np.ones(16, dtype=np.float32)
+ringtree.all_reduce(data)
+report("ready", True)
+while os.environ.get("TEST_PHASE", "collective") == "collective":
+    ringtree.all_reduce(data)
+    time.sleep(0.01)
+time.sleep(60)
+"""
+
+
+def test_launcher_killed_takes_its_workers_with_it(job):
+    """SIGKILL leaves the launcher no chance to stop its workers; the kernel does it
+    (PR_SET_PDEATHSIG): no worker runs on without its store."""
+    launcher = job.start("--nproc-per-node", "2", str(job.script(LONG_JOB_WORKER)))
+    _wait_for(lambda: len(_read_reports(job.out, "ready")) == 2, what="both workers ready")
+    pids = job.pids()
+    launcher.kill()
+    launcher.communicate(timeout=TIMEOUT_S)
+    _wait_for(lambda: not any(_alive(pid) for pid in pids.values()), timeout=5, what="the workers to die")
+
+
+@pytest.mark.parametrize("phase", ["collective", "idle"])
+def test_lost_store_of_node_zero_stops_the_other_node(job, phase):
+    """The launcher of node rank 0 (the store's host) is killed mid-job: its workers die
+    with it, and node rank 1's launcher reports the lost store, stops its workers and
+    exits with 1 within seconds, whether they notice the loss themselves (in collectives
+    with the dead ranks) or not (idle)."""
+    job.env["TEST_PHASE"] = phase
+    script = job.script(LONG_JOB_WORKER)
+    port = str(_free_port())
+    common = ["--nnodes", "2", "--nproc-per-node", "2", "--master-port", port]
+    node0 = job.start(*common, "--node-rank", "0", str(script))
+    node1 = job.start(*common, "--node-rank", "1", str(script))
+    _wait_for(lambda: len(_read_reports(job.out, "ready")) == 4, what="four workers ready")
+    pids = job.pids()
+    node0.kill()
+    node0.communicate(timeout=TIMEOUT_S)
+    killed = time.monotonic()
+    _, node1_err = node1.communicate(timeout=TIMEOUT_S)
+    took = time.monotonic() - killed
+    assert node1.returncode == 1, node1_err
+    assert took < 2 + ringtree_run.GRACE_PERIOD_S, (took, node1_err)
+    assert f"127.0.0.1:{port}" in node1_err, node1_err
+    if phase == "idle":
+        assert f"lost the job's store at 127.0.0.1:{port}, hosted by the launcher of node rank 0" in node1_err
+    else:  # the workers fail first, and the report adds the lost store
+        assert "no longer answers either" in node1_err or "lost the job's store at" in node1_err, node1_err
+    assert not any(_alive(pid) for pid in pids.values())
+
+
 def test_store_port_in_use_is_reported(job):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("", 0))

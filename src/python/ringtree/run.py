@@ -32,7 +32,12 @@ worker's exit code (1 when it was killed by a signal). SIGINT, SIGTERM, SIGHUP a
 SIGQUIT sent to the launcher are forwarded to every worker (SIGKILL follows after the
 grace period, or at once on a second signal) and the launcher exits with 128 + the signal
 number. Processes a worker leaves behind in its process group are killed when the job
-ends. A launcher killed with SIGKILL cannot stop its workers; they lose the store.
+ends. A launcher killed with SIGKILL takes its workers with it (the kernel sends them
+SIGKILL: ``PR_SET_PDEATHSIG``), so none runs on without its store; processes the workers
+started themselves are not covered. A launcher on node rank > 0 checks every second that
+the job's store still answers; when it stops answering (node rank 0's launcher died, or
+its host is unreachable: no answer within 5 s) it says so, stops its workers and exits
+with 1.
 
 Other programs that start jobs (the benchmarks of ``ringtree.bench``) use :func:`command`,
 :data:`GRACE_PERIOD_S`, :func:`signal_process_group` and :func:`describe_status`.
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import os
 import select
 import signal
@@ -77,6 +83,11 @@ _EXIT_BARRIER_TIMEOUT_S = 300.0
 _EXIT_POLL_S = 0.05
 # Seconds a launcher on node rank > 0 tries to reach the store to report its end.
 _CHECK_OUT_TIMEOUT_S = 10.0
+# A launcher on node rank > 0 checks every wake of its monitor loop that the job's store
+# still answers; a check that gets no answer within this long counts as the store lost.
+_STORE_CHECK_TIMEOUT_S = 5.0
+# prctl(2) option: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 _EXITED_KEY = "ringtree-run/nodes_exited"
 _FAILED_KEY = "ringtree-run/nodes_failed"
 
@@ -258,6 +269,57 @@ def _worker_env(args: argparse.Namespace, local_rank: int, master_port: int) -> 
     return env
 
 
+def _die_with_launcher():
+    """A ``preexec_fn`` that has the worker killed (SIGKILL) when the launcher dies, so a
+    launcher killed with SIGKILL leaves no orphaned workers behind; None where prctl is
+    unavailable. Everything it calls is resolved here, before the fork."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    launcher = os.getpid()
+    sigkill = int(signal.SIGKILL)
+    getppid, exit_now = os.getppid, os._exit
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if getppid() != launcher:  # the launcher died before prctl took effect
+            exit_now(1)
+
+    return preexec
+
+
+class _StoreWatch:
+    """Node rank > 0: whether the job's store, hosted by the launcher of node rank 0, still
+    answers. Connects on the first check that finds the store up (node rank 0 may start
+    later); from then on each check is one round trip, bounded by _STORE_CHECK_TIMEOUT_S."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = f"{host}:{port}"
+        self._host = host
+        self._port = port
+        self._store = None
+
+    def lost(self) -> str | None:
+        """None while the store answers (or was never reached); once it stops answering,
+        why (the error of the failed check)."""
+        from datetime import timedelta
+
+        from ringtree import TCPStore
+
+        if self._store is None:
+            try:
+                self._store = TCPStore(self._host, self._port, timeout=timedelta(seconds=0.2))
+                self._store.set_timeout(timedelta(seconds=_STORE_CHECK_TIMEOUT_S))
+            except (OSError, RuntimeError):
+                return None  # not up yet: the workers' own rendezvous reports that
+        try:
+            self._store.check([_EXITED_KEY])
+        except (OSError, RuntimeError) as exc:
+            return str(exc)
+        return None
+
+
 def _stream_writer(stream):
     """Return a function writing bytes to ``stream`` at once (its buffer when it has one)."""
     buffer = getattr(stream, "buffer", None)
@@ -390,6 +452,8 @@ class _Launcher:
         self._workers: list[_Worker] = []
         self._signals: list[int] = []
         self._wake_r = -1
+        # Node rank > 0: why the job's store stopped answering, once it has.
+        self._store_lost: str | None = None
 
     def run(self) -> int:
         """Host the store (node rank 0), start the workers, supervise them until they have
@@ -451,7 +515,8 @@ class _Launcher:
         if args.nnodes == 1 or self._signals:
             return code
         if store is None:
-            self._check_out(master_port, code)
+            if self._store_lost is None:
+                self._check_out(master_port, code)
             return code
         return self._wait_for_other_nodes(store) if code == 0 else code
 
@@ -460,6 +525,7 @@ class _Launcher:
         a signal arrived; stop the rest in the last two cases. Returns the exit code."""
         args = self._args
         worker_command = _worker_command(args)
+        die_with_launcher = _die_with_launcher()
         for local_rank in range(args.nproc_per_node):
             if self._signals:
                 break
@@ -470,6 +536,7 @@ class _Launcher:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
+                    preexec_fn=die_with_launcher,
                 )
             except OSError as exc:
                 _print(f"cannot start local rank {local_rank} ({worker_command[0]}): {exc}")
@@ -478,10 +545,14 @@ class _Launcher:
             rank = args.node_rank * args.nproc_per_node + local_rank
             self._workers.append(_Worker(rank, local_rank, proc))
 
+        watch = _StoreWatch(args.master_addr, master_port) if args.node_rank > 0 else None
         failures: list[_Worker] = []
         while not self._signals:
             failures = [w for w in self._workers if w.exited() and w.status != 0]
             if failures or all(w.status is not None for w in self._workers):
+                break
+            self._store_lost = watch.lost() if watch is not None else None
+            if self._store_lost is not None:
                 break
             self._wait(_MONITOR_WAKE_S)
 
@@ -491,9 +562,21 @@ class _Launcher:
             _print(f"received {signal.Signals(signum).name}; stopping {running} worker(s)")
             self._stop(signum)
             return 128 + signum
+        if self._store_lost is not None:
+            running = sum(not w.exited() for w in self._workers)
+            _print(
+                f"lost the job's store at {watch.address}, hosted by the launcher of node rank 0 "
+                f"({self._store_lost}): that launcher has exited or its host is unreachable; stopping "
+                f"this node's {running} worker(s)"
+            )
+            self._stop(signal.SIGTERM)
+            return 1
         if failures:
             self._stop(signal.SIGTERM)
-            self._report(failures)
+            # Workers of this node often fail because node rank 0 went away with its
+            # launcher: say so when the store is gone too.
+            self._store_lost = watch.lost() if watch is not None else None
+            self._report(failures, self._store_lost and f"{watch.address} ({self._store_lost})")
             status = failures[0].status
             return status if status > 0 else 1
         return 0
@@ -568,7 +651,9 @@ class _Launcher:
         for worker in self._workers:
             worker.reap()
 
-    def _report(self, failures: list[_Worker]) -> None:
+    def _report(self, failures: list[_Worker], store_lost: str | None = None) -> None:
+        """Print the failure report: the first failed worker (its stderr tail) and the
+        others; ``store_lost``, when given, says the job's store is lost too."""
         first = failures[0]
         host = os.uname().nodename
         lines = [
@@ -590,6 +675,11 @@ class _Launcher:
             lines.extend(f"    {line}" for line in tail)
         else:
             lines.append(f"  global rank {first.rank} wrote nothing to stderr")
+        if store_lost:
+            lines.append(
+                f"  the job's store at {store_lost} no longer answers either: the launcher of node "
+                f"rank 0 has exited (its workers with it) or its host is unreachable"
+            )
         lines.append("=" * 72)
         _print("\n".join(lines), prefix=False)
 
