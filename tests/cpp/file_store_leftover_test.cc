@@ -22,6 +22,7 @@
 #include <ringtree/store/file_store.h>
 
 #include "common/process_identity.h"
+#include "common/socket.h"
 #include "harness/process_harness.h"
 #include "harness/test_util.h"
 
@@ -284,6 +285,32 @@ TEST(ProcessIdentityTest, TellsRunningFromExitedFromUnknown) {
   elsewhere = localProcessIdentity();
   elsewhere.pidNamespace += 1;
   EXPECT_EQ(livenessOf(elsewhere), Liveness::kUnknown);
+}
+
+TEST(ProcessIdentityTest, NamesTheProcessesListeningOnAPort) {
+  const net::Socket listener = net::listenTcp("", 0);
+  const uint16_t port = net::localPort(listener.fd());
+  EXPECT_EQ(processesListeningOn(port), std::vector<int64_t>{::getpid()});
+  const std::string text = describeLocalProcess(::getpid());
+  EXPECT_EQ(text.rfind("pid " + std::to_string(::getpid()) + " ('", 0), 0u) << text;
+  EXPECT_NE(text.find("', running for "), std::string::npos) << text;
+  // A port nothing listens on any more has no listener to name.
+  const uint16_t closed = [] {
+    const net::Socket socket = net::listenTcp("127.0.0.1", 0);
+    return net::localPort(socket.fd());
+  }();
+  EXPECT_TRUE(processesListeningOn(closed).empty());
+}
+
+TEST(ProcessIdentityTest, TellsOneProcessFromAnother) {
+  const ProcessIdentity self = localProcessIdentity();
+  EXPECT_TRUE(sameProcess(self, localProcessIdentity()));
+  ProcessIdentity other = self;
+  other.startTicks += 1;
+  EXPECT_FALSE(sameProcess(self, other));
+  other = self;
+  other.hostname = "node-7";
+  EXPECT_FALSE(sameProcess(self, other));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 """``ringtree-bench`` / ``python -m ringtree.bench``: the entry point.
 
 ``ringtree-bench TOOL ...`` with TOOL one of :data:`~ringtree.bench.options.TOOLS`
-(``startup``, ``call-overhead``, ``p2p-pingpong``, ``failure-table``) runs that
+(``startup``, ``call-overhead``, ``p2p-pingpong``, ``failure-table``,
+``rendezvous-faults``) runs that
 measurement. Otherwise the words are the collective sweep's command line.
 
 Without ``--nproc`` this process is one rank of a job started by a launcher and runs

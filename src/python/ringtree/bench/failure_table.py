@@ -26,18 +26,15 @@ Usage: ``ringtree-bench failure-table [--limit 40] [--faults kill,exit,...]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import selectors
 import signal
-import subprocess
 import sys
 import time
 from datetime import date, timedelta
 from typing import NoReturn
 
-from .. import run
+from .fault_runs import Ranks, emit, key_text, seconds_text
 
 FAULTS = ["kill", "exit", "freeze", "op_mismatch", "count_mismatch"]
 LIBRARIES = ["ringtree", "gloo"]
@@ -51,19 +48,11 @@ FAULT_TITLES = {
 GROUP_TIMEOUT_S = 30.0
 FREEZE_TIMEOUT_S = 5.0
 LARGE = 1 << 20  # float32 elements of the allreduces of "kill": 4 MiB
-PREFIX = "FAILURE_TABLE "
-# How much of an error text the table shows: the start and, for long texts, the end
-# (ringtree puts the call, "[in allreduce(seq=..)]", last).
-HEAD_CHARS, TAIL_CHARS = 240, 100
 # The command line of one rank of a run, before its arguments (library, fault, rank, port).
 _WORKER = [sys.executable, "-m", "ringtree.bench", "failure-table", "--worker"]
 
 
 # --- worker side (one rank) -------------------------------------------------------------
-
-
-def _emit(event: str, **fields) -> None:
-    print(PREFIX + json.dumps(dict(fields, event=event, at=time.monotonic())), flush=True)
 
 
 def _worker(library: str, fault: str, rank: int, port: int) -> NoReturn:
@@ -83,7 +72,7 @@ def _worker(library: str, fault: str, rank: int, port: int) -> NoReturn:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
     data = torch.ones(LARGE)
     dist.all_reduce(data)  # connected and working
-    _emit("ready")
+    emit("ready")
     victim = rank == 1
     small = torch.ones(1024)
     if fault == "exit" and victim:
@@ -104,68 +93,36 @@ def _worker(library: str, fault: str, rank: int, port: int) -> NoReturn:
         else:
             dist.all_reduce(small)
     except Exception as exc:  # noqa: BLE001 - the outcome being measured
-        _emit("error", type=type(exc).__name__, message=str(exc), started=started)
+        emit("error", type=type(exc).__name__, message=str(exc), started=started)
         os._exit(0)  # report only this first failure, without the library's exit handling
-    _emit("returned", started=started)
+    emit("returned", started=started)
     os._exit(0)
 
 
 # --- driver side ------------------------------------------------------------------------------
 
 
-class Run:
-    """Two rank processes of one (library, fault) and the store they meet at."""
+def _start(library: str, fault: str, limit: float, transport: str) -> tuple[object, Ranks]:
+    """The store this process hosts for one (library, fault) run (ringtree's TCPStore or
+    torch's) and the two rank processes that meet at it."""
+    if library == "ringtree":
+        import ringtree
 
-    def __init__(self, library: str, fault: str, limit: float, transport: str) -> None:
-        if library == "ringtree":
-            import ringtree
+        store = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    else:
+        import torch.distributed as tdist
 
-            self.store = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        else:
-            import torch.distributed as tdist
-
-            self.store = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        env = dict(os.environ, OMP_NUM_THREADS="1", RINGTREE_TRANSPORT=transport)
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        self.procs = [
-            subprocess.Popen([*_WORKER, library, fault, str(rank), str(self.store.port)],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             start_new_session=True)
-            for rank in range(2)
-        ]
-        self.events: list[dict] = [{}, {}]
-        self.deadline = time.monotonic() + limit
-
-    def wait_for(self, rank: int, events: tuple[str, ...]) -> dict | None:
-        """Reads the rank's reports until one of ``events`` (returned), the end of its
-        output or the run's deadline (None)."""
-        proc = self.procs[rank]
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ)
-            while not any(event in self.events[rank] for event in events):
-                remaining = self.deadline - time.monotonic()
-                if remaining <= 0 or not selector.select(remaining):
-                    return None
-                line = proc.stdout.readline()
-                if not line:
-                    return None
-                if line.startswith(PREFIX):
-                    record = json.loads(line[len(PREFIX):])
-                    self.events[rank][record["event"]] = record
-        return next(self.events[rank][event] for event in events if event in self.events[rank])
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                run.signal_process_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-            proc.stdout.close()
+        store = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = dict(os.environ, OMP_NUM_THREADS="1", RINGTREE_TRANSPORT=transport)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    commands = [[*_WORKER, library, fault, str(rank), str(store.port)] for rank in range(2)]
+    return store, Ranks(commands, env, time.monotonic() + limit)
 
 
 def measure(library: str, fault: str, limit: float, transport: str) -> dict:
     """Runs one fault under one library (ringtree over ``transport``); returns what rank 0
     (and for mismatches rank 1) reported and how long it took."""
-    run = Run(library, fault, limit, transport)
+    _store, run = _start(library, fault, limit, transport)  # the store lives until the run ends
     try:
         for rank in range(2):
             if run.wait_for(rank, ("ready",)) is None:
@@ -194,16 +151,8 @@ def measure(library: str, fault: str, limit: float, transport: str) -> dict:
         if outcome["event"] == "returned":
             result[rank] = {"text": "no error: the call returned", "seconds": took}
         else:
-            result[rank] = {"text": f"{outcome['type']}: {_key_text(outcome['message'])}", "seconds": took}
+            result[rank] = {"text": f"{outcome['type']}: {key_text(outcome['message'])}", "seconds": took}
     return result
-
-
-def _key_text(message: str) -> str:
-    """One line of at most HEAD_CHARS + TAIL_CHARS characters, safe in a table cell."""
-    text = " ".join(message.split())
-    if len(text) > HEAD_CHARS + TAIL_CHARS + 5:
-        text = text[:HEAD_CHARS] + " … " + text[-TAIL_CHARS:]
-    return text.replace("|", "\\|")
 
 
 def _cell_time(result: dict, fault: str, limit: float) -> str:
@@ -214,7 +163,7 @@ def _cell_time(result: dict, fault: str, limit: float) -> str:
         return f"{seconds:.2f} s (timeout {FREEZE_TIMEOUT_S:.0f} s)"
     if seconds >= 0.9 * GROUP_TIMEOUT_S:
         return f"hangs until the {GROUP_TIMEOUT_S:.0f} s timeout ({seconds:.1f} s)"
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    return seconds_text(seconds)
 
 
 def _cell_text(result: dict) -> str:

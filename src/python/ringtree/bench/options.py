@@ -35,6 +35,7 @@ TOOLS = {
     "call-overhead": "call_overhead",
     "failure-table": "failure_table",
     "p2p-pingpong": "p2p_pingpong",
+    "rendezvous-faults": "rendezvous_faults",
     "startup": "startup",
 }
 SYSTEMS = ("ringtree", "gloo", "mpi")
