@@ -539,16 +539,36 @@ def test_imports_stay_light():
 # --- the other measurements -------------------------------------------------------------
 
 
+# The tools that older notes run as benchmarks/<module>.py.
+_SCRIPTED_TOOLS = ["call-overhead", "failure-table", "p2p-pingpong", "startup"]
+
+
 @pytest.mark.parametrize("tool", sorted(options.TOOLS))
-def test_tools_are_subcommands_and_scripts(tool):
+def test_tools_are_subcommands(tool):
     proc = _bench(tool, "--help", timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert f"usage: ringtree-bench {tool}" in proc.stdout
+
+
+@pytest.mark.parametrize("tool", _SCRIPTED_TOOLS)
+def test_older_scripts_run_the_subcommands(tool):
     # benchmarks/<module>.py, named by older notes, runs the same subcommand.
     script = Path(__file__).resolve().parents[2] / "benchmarks" / f"{options.TOOLS[tool]}.py"
     proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert f"usage: ringtree-bench {tool}" in proc.stdout
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the gloo column)")
+def test_rendezvous_faults_table():
+    """One fault end to end: both libraries measured, one table row."""
+    proc = _bench("rendezvous-faults", "--faults", "host_killed_store", "--limit", "30", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| store host")]
+    assert len(rows) == 1, proc.stdout
+    cells = rows[0].split(" | ")
+    assert cells[1].startswith("DistNetworkError: connection to TCPStore at 127.0.0.1:"), rows[0]
+    assert cells[2].endswith(" ms"), rows[0]
 
 
 # --- end to end ---------------------------------------------------------------------------
