@@ -1,12 +1,13 @@
 """One rank of the differential program: the same deterministic cases run under
-torch.distributed (backend "gloo") and under ringtree (``import ringtree as dist``), one
-after the other in this process (importing torch once for both).
+torch.distributed (backend "gloo"), under ringtree (``import ringtree as dist``) and under
+torch.distributed with ringtree's torch backend (``init_process_group("ringtree")``), one
+after the other in this process (importing torch once for all).
 
     python differential_script.py --rank R --world-size N --coord-port C --out-dir DIR \
         --run torch:P1 --run ringtree:P2 [--cases a,b,...] [--extra-torch-cases a,b,...]
 
-For each ``--run IMPL:PORT``, joins the job with
-``init_process_group("gloo", init_method="tcp://127.0.0.1:PORT")``, runs every case, and
+For each ``--run IMPL:PORT`` (IMPL: torch, ringtree or torch-ringtree), joins the job with
+``init_process_group(BACKEND, init_method="tcp://127.0.0.1:PORT")``, runs every case, and
 writes ``{case: {"ok": True, "outputs": {...}} | {"ok": False, "error": ...}}`` to
 ``DIR/IMPL-R.pt`` with torch.save. Each case is independent: when any rank fails one, every
 rank learns it through the coordination store at port C (a ringtree TCPStore the test
@@ -416,8 +417,16 @@ CASES = {
 # --- running them ---------------------------------------------------------------------------
 
 
-def _init(dist, port: int, args) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=args.rank,
+# impl -> (the module whose API the cases call, the backend they init)
+IMPLS = {
+    "torch": ("torch.distributed", "gloo"),
+    "ringtree": ("ringtree", "gloo"),
+    "torch-ringtree": ("torch.distributed", "ringtree"),
+}
+
+
+def _init(dist, backend: str, port: int, args) -> None:
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=args.rank,
                             world_size=args.world_size, timeout=GROUP_TIMEOUT)
 
 
@@ -429,8 +438,9 @@ def _all_ranks_succeeded(coord, key: str, args, ok: bool) -> bool:
 
 
 def run_cases(impl: str, port: int, cases: list[str], coord, args) -> dict:
-    dist = importlib.import_module("torch.distributed" if impl == "torch" else "ringtree")
-    _init(dist, port, args)
+    module, backend = IMPLS[impl]
+    dist = importlib.import_module(module)
+    _init(dist, backend, port, args)
     results = {}
     for name in cases:
         try:
@@ -440,7 +450,7 @@ def run_cases(impl: str, port: int, cases: list[str], coord, args) -> dict:
         if not _all_ranks_succeeded(coord, f"{impl}/{name}", args, results[name]["ok"]):
             # Some rank failed: start the next case on a fresh default group everywhere.
             dist.destroy_process_group()
-            _init(dist, port, args)
+            _init(dist, backend, port, args)
     dist.destroy_process_group()
     return results
 
@@ -451,7 +461,7 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--coord-port", type=int, required=True)
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--run", action="append", required=True, help="IMPL:PORT, IMPL being torch or ringtree")
+    parser.add_argument("--run", action="append", required=True, help="IMPL:PORT, IMPL one of " + ", ".join(IMPLS))
     parser.add_argument("--cases", default=",".join(name for name in CASES if name != "gloo_limits"))
     parser.add_argument("--extra-torch-cases", default="gloo_limits")
     args = parser.parse_args()

@@ -4,6 +4,7 @@
 
 #include "diagnostics.h"
 #include "errors.h"
+#include "foreign_store.h"
 #include "process_group.h"
 #include "store.h"
 #include "work.h"
@@ -13,6 +14,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = RINGTREE_VERSION_STRING;
   ringtree::python::initErrors(m);
   ringtree::python::initStore(m);
+  ringtree::python::initForeignStore(m);
   ringtree::python::initWork(m);
   ringtree::python::initProcessGroup(m);
   ringtree::python::initDiagnostics(m);

@@ -35,20 +35,19 @@ std::chrono::milliseconds toMilliseconds(Microseconds timeout) {
   return std::chrono::ceil<std::chrono::milliseconds>(timeout);
 }
 
-// `op` is a ReduceOp.RedOpType (an int) or a ReduceOp instance (.op, and .factor for
-// PREMUL_SUM), as torch.distributed accepts both.
+// `op` is a ReduceOp.RedOpType (an int, or any integer-like object such as torch's
+// RedOpType) or a ReduceOp instance (.op, and .factor for PREMUL_SUM), ringtree's or
+// torch's, as torch.distributed accepts both.
 void parseReduceOp(py::handle op, ReduceOp& out, double& factor) {
   py::handle code = op;
   py::object inner;
-  if (!PyLong_Check(op.ptr())) {
-    if (py::hasattr(op, "op")) {
-      inner = op.attr("op");
-    }
-    if (!inner || !PyLong_Check(inner.ptr())) {
-      throw py::type_error(std::string("op must be a ReduceOp or a ReduceOp.RedOpType, got ") +
-                           Py_TYPE(op.ptr())->tp_name);
-    }
+  if (!PyLong_Check(op.ptr()) && py::hasattr(op, "op")) {
+    inner = op.attr("op");
     code = inner;
+  }
+  if (!PyIndex_Check(code.ptr())) {
+    throw py::type_error(std::string("op must be a ReduceOp or a ReduceOp.RedOpType, got ") +
+                         Py_TYPE(op.ptr())->tp_name);
   }
   const long value = PyLong_AsLong(code.ptr());
   if (value == -1 && PyErr_Occurred()) {

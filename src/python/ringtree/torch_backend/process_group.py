@@ -1,0 +1,287 @@
+"""``RingtreeProcessGroup``: the ``torch.distributed.ProcessGroup`` of backend "ringtree".
+
+torch creates one per group (``init_process_group``, ``new_group``, each DeviceMesh
+dimension) through :func:`create_process_group`, handing it a prefix store of the job's
+store (TCPStore, FileStore, HashStore, torchrun's agent store): the native process group
+rendezvouses through that store. Each method takes torch's arguments (lists of tensors,
+options structs, group ranks) and calls the native process group with the tensors
+themselves: zero-copy, every dtype and ReduceOp (PREMUL_SUM's factor read from the op).
+Calls with ``opts.asyncOp`` False run on the calling thread (no hand-off, the GIL
+released); the others are queued to the group's engine thread, in submission order.
+
+Methods are named as torch's Python ProcessGroup trampoline looks them up, so that torch's
+C++ callers (DDP's reducer, functional collectives, DTensor, FSDP2) reach them as well as
+``torch.distributed``'s Python functions. Not served: ``monitored_barrier`` (torch allows
+it for its gloo backend only) and per-call timeouts of collectives other than barrier
+(the group's timeout applies).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from .errors import torch_error
+from .work import RingtreeWork
+
+__all__ = ["RingtreeProcessGroup", "create_process_group"]
+
+_BACKEND_NAME = "ringtree"
+
+
+def create_process_group(options: Any, pg_options: Any) -> RingtreeProcessGroup:
+    """torch's backend creator (``extended_api=True``): options carries the prefix store,
+    group rank and size, timeout, group id and the members' global ranks ([] for the
+    world). ``pg_options`` (``init_process_group(pg_options=)``) is unused."""
+    _refuse_mixed_devices()
+    return RingtreeProcessGroup(
+        options.store, options.group_rank, options.group_size, options.timeout, options.group_id,
+        list(options.global_ranks_in_group),
+    )
+
+
+def _refuse_mixed_devices() -> None:
+    """Raises ValueError when the backend string being initialised maps a device to another
+    backend ("cpu:ringtree,cuda:gloo") or to ringtree on a device it has no path for: the
+    group torch makes of a Python process group is that process group alone, so torch
+    would drop the other device silently. Reads the map from torch's caller frame; does
+    nothing when that is not where torch 2.x keeps it."""
+    import sys
+
+    frame = sys._getframe(2)
+    config = frame.f_locals.get("backend_config")
+    device_map = getattr(config, "device_backend_map", None)
+    if not isinstance(device_map, dict):
+        return
+    for device, backend in device_map.items():
+        if backend != _BACKEND_NAME:
+            raise ValueError(
+                f"backend '{config}': the ringtree backend serves every device of its process group, so it cannot "
+                f"share one with '{backend}' for {device}; give one backend for all devices ('ringtree', or "
+                f"torch's own)"
+            )
+        if device != "cpu":
+            raise ValueError(
+                f"backend '{config}': ringtree serves only cpu tensors in this build (no GPU path for {device}); "
+                f"use 'cpu:ringtree' with another backend's process group for {device} tensors"
+            )
+
+
+def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+    """The single tensor of torch's one-element list (one device per process)."""
+    if len(tensors) != 1:
+        raise ValueError(f"{what}: ringtree takes exactly one tensor per process, got a list of {len(tensors)}")
+    return _usable(tensors[0])
+
+
+def _usable(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor itself, or a detached view of it (same memory) when it requires grad, as
+    torch's backends accept parameters."""
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
+def _all(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [_usable(t) for t in tensors]
+
+
+class RingtreeProcessGroup(dist.ProcessGroup):
+    """One torch process group over ringtree's native process group (see module doc)."""
+
+    def __init__(
+        self, store: Any, rank: int, size: int, timeout: timedelta, group_name: str = "",
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        super().__init__(rank, size)
+        self._group_name = group_name
+        self._group_desc = "undefined"
+        self._timeout = timeout
+        ranks = global_ranks or list(range(size))
+        try:
+            self._native = _C.ProcessGroup.create(_C.ForeignStore(store), rank, size, timeout)
+        except Exception as error:  # noqa: BLE001 - re-raised as torch's class
+            raise torch_error(error) from None
+        _C._set_identity(self._native.communicator, group_name, ranks[rank], not global_ranks)
+
+    # --- identity -------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return _BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    @property
+    def native(self) -> Any:
+        """The native process group (diagnostics, flight recorder)."""
+        return self._native
+
+    # --- the calls ------------------------------------------------------------------------
+
+    def _run(self, async_op: bool, outputs: list[torch.Tensor], call: Callable[[bool], Any]) -> RingtreeWork:
+        """call(async_op) on the native group: its Work when async_op, else it has run."""
+        try:
+            native = call(async_op)
+        except Exception as error:  # noqa: BLE001 - re-raised as torch's class
+            raise torch_error(error) from None
+        return RingtreeWork(native, outputs)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
+        opts = dist.AllreduceOptions() if opts is None else opts
+        tensor = _one(tensors, "allreduce")
+        return self._run(opts.asyncOp, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
+        opts = dist.AllreduceCoalescedOptions() if opts is None else opts
+        tensors = _all(tensors)
+        return self._run(getattr(opts, "asyncOp", True), tensors,
+                         lambda a: self._native.allreduce_coalesced(tensors, opts.reduceOp, a))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
+        opts = dist.BroadcastOptions() if opts is None else opts
+        tensor = _one(tensors, "broadcast")
+        return self._run(opts.asyncOp, [tensor], lambda a: self._native.broadcast(tensor, opts.rootRank, a))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
+        opts = dist.ReduceOptions() if opts is None else opts
+        tensor = _one(tensors, "reduce")
+        return self._run(getattr(opts, "asyncOp", True), [tensor],
+                         lambda a: self._native.reduce(tensor, opts.rootRank, opts.reduceOp, a))
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: Any = None) -> RingtreeWork:
+        opts = dist.AllgatherOptions() if opts is None else opts
+        tensor = _one(input_tensors, "allgather")
+        outputs = _all(_one_list(output_tensors, "allgather"))
+        return self._run(opts.asyncOp, outputs, lambda a: self._native.allgather(outputs, tensor, a))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts: Any = None) -> RingtreeWork:
+        opts = dist.AllgatherOptions() if opts is None else opts
+        outputs = [_all(per_rank) for per_rank in output_lists]
+        inputs = _all(input_list)
+        flat = [t for per_rank in outputs for t in per_rank]
+        return self._run(getattr(opts, "asyncOp", True), flat,
+                         lambda a: self._native.allgather_coalesced(outputs, inputs, a))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
+        opts = dist.AllgatherOptions() if opts is None else opts
+        output, input = _usable(output), _usable(input)  # noqa: A001
+        return self._run(opts.asyncOp, [output], lambda a: self._native.allgather_single(output, input, a))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> RingtreeWork:
+        opts = dist.AllgatherOptions() if opts is None else opts
+        outputs, inputs = _all(outputs), _all(inputs)
+        return self._run(getattr(opts, "asyncOp", True), outputs,
+                         lambda a: self._native.allgather_single_coalesced(outputs, inputs, a))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> RingtreeWork:
+        opts = dist.GatherOptions() if opts is None else opts
+        tensor = _one(input_tensors, "gather")
+        gather_list = _all(_one_list(output_tensors, "gather")) if output_tensors else None
+        outputs = gather_list or []
+        return self._run(getattr(opts, "asyncOp", True), outputs,
+                         lambda a: self._native.gather(tensor, gather_list, opts.rootRank, a))
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> RingtreeWork:
+        opts = dist.ScatterOptions() if opts is None else opts
+        tensor = _one(output_tensors, "scatter")
+        scatter_list = _all(_one_list(input_tensors, "scatter")) if input_tensors else None
+        return self._run(getattr(opts, "asyncOp", True), [tensor],
+                         lambda a: self._native.scatter(tensor, scatter_list, opts.rootRank, a))
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: Any = None) -> RingtreeWork:
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        tensor = _one(output_tensors, "reduce_scatter")
+        inputs = _all(_one_list(input_tensors, "reduce_scatter"))
+        return self._run(opts.asyncOp, [tensor],
+                         lambda a: self._native.reduce_scatter(tensor, inputs, opts.reduceOp, a))
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        output, input = _usable(output), _usable(input)  # noqa: A001
+        return self._run(opts.asyncOp, [output],
+                         lambda a: self._native.reduce_scatter_single(output, input, opts.reduceOp, a))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> RingtreeWork:
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        outputs, inputs = _all(outputs), _all(inputs)
+        return self._run(opts.asyncOp, outputs,
+                         lambda a: self._native.reduce_scatter_single_coalesced(outputs, inputs, opts.reduceOp, a))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> RingtreeWork:
+        opts = dist.AllToAllOptions() if opts is None else opts
+        outputs, inputs = _all(output_tensors), _all(input_tensors)
+        return self._run(getattr(opts, "asyncOp", True), outputs,
+                         lambda a: self._native.alltoall(outputs, inputs, a))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
+                          input_split_sizes: list[int], opts: Any = None) -> RingtreeWork:
+        opts = dist.AllToAllOptions() if opts is None else opts
+        output, input = _usable(output), _usable(input)  # noqa: A001
+        return self._run(getattr(opts, "asyncOp", True), [output],
+                         lambda a: self._native.alltoall_single(output, input, output_split_sizes, input_split_sizes, a))
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts: Any = None) -> RingtreeWork:
+        opts = dist.BarrierOptions() if opts is None else opts
+        timeout = opts.timeout if opts.timeout > timedelta(0) else None
+        return self._run(getattr(opts, "asyncOp", True), [], lambda a: self._native.barrier(timeout, a))
+
+    # --- point to point (dst, src: group ranks) ---------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> RingtreeWork:
+        tensor = _one(tensors, "send")
+        return self._run(True, [tensor], lambda _: self._native.isend(tensor, dst, tag))
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> RingtreeWork:
+        tensor = _one(tensors, "recv")
+        return self._run(True, [tensor], lambda _: self._native.irecv(tensor, src, tag))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> RingtreeWork:
+        tensor = _one(tensors, "recv")
+        return self._run(True, [tensor], lambda _: self._native.irecv(tensor, _C.ANY_SOURCE, tag))
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Runs the queued collectives, then stops the engine (destroy_process_group)."""
+        self._native.shutdown()
+
+    def abort(self) -> None:
+        """Fails what runs within about 100 ms and releases connections and shared memory."""
+        self._native.abort()
+
+
+def _one_list(lists: list[list[torch.Tensor]], what: str) -> list[torch.Tensor]:
+    """The single tensor list of torch's one-element list of lists."""
+    if len(lists) != 1:
+        raise ValueError(f"{what}: ringtree takes exactly one tensor list per process, got {len(lists)}")
+    return lists[0]
