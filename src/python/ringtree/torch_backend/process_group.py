@@ -18,6 +18,8 @@ it for its gloo backend only) and per-call timeouts of collectives other than ba
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -31,6 +33,19 @@ from .work import RingtreeWork
 __all__ = ["RingtreeProcessGroup", "create_process_group"]
 
 _BACKEND_NAME = "ringtree"
+
+# Groups torch has not destroyed. torch does not destroy process groups at exit, and a
+# native engine thread still running while the interpreter finalises would crash it (a
+# thread that takes the GIL then is ended by Python in the middle of C++ code).
+_live_groups: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _abort_live_groups() -> None:
+    """At exit, before the interpreter finalises: aborts every group still running (what
+    it had pending fails; nobody waits for it any more) and joins its threads."""
+    for group in list(_live_groups):
+        group._native.abort()
 
 
 def create_process_group(options: Any, pg_options: Any) -> RingtreeProcessGroup:
@@ -105,6 +120,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
         _C._set_identity(self._native.communicator, group_name, ranks[rank], not global_ranks)
+        _live_groups.add(self)
 
     # --- identity -------------------------------------------------------------------------
 
@@ -130,24 +146,26 @@ class RingtreeProcessGroup(dist.ProcessGroup):
 
     # --- the calls ------------------------------------------------------------------------
 
-    def _run(self, async_op: bool, outputs: list[torch.Tensor], call: Callable[[bool], Any]) -> RingtreeWork:
+    def _run(self, async_op: bool, outputs: list[torch.Tensor], call: Callable[[bool], Any],
+             typed_future: bool = False) -> RingtreeWork:
         """call(async_op) on the native group: its Work when async_op, else it has run."""
         try:
             native = call(async_op)
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
-        return RingtreeWork(native, outputs)
+        return RingtreeWork(native, outputs, typed_future)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceOptions() if opts is None else opts
         tensor = _one(tensors, "allreduce")
-        return self._run(opts.asyncOp, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a))
+        return self._run(opts.asyncOp, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
+                         typed_future=True)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
         tensors = _all(tensors)
         return self._run(getattr(opts, "asyncOp", True), tensors,
-                         lambda a: self._native.allreduce_coalesced(tensors, opts.reduceOp, a))
+                         lambda a: self._native.allreduce_coalesced(tensors, opts.reduceOp, a), typed_future=True)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.BroadcastOptions() if opts is None else opts
@@ -274,10 +292,12 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Runs the queued collectives, then stops the engine (destroy_process_group)."""
         self._native.shutdown()
+        _live_groups.discard(self)
 
     def abort(self) -> None:
         """Fails what runs within about 100 ms and releases connections and shared memory."""
         self._native.abort()
+        _live_groups.discard(self)
 
 
 def _one_list(lists: list[list[torch.Tensor]], what: str) -> list[torch.Tensor]:

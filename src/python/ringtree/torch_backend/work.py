@@ -2,9 +2,19 @@
 
 A synchronous call (``opts.asyncOp`` False: ``dist.all_reduce(t)``) runs on the calling
 thread and yields a work that is already complete; an asynchronous one (``async_op=True``,
-DDP's gradient buckets, functional collectives) holds the native Work, whose engine thread
-completes the torch Future of :meth:`get_future` itself: DDP only waits on that future.
-Errors are raised (and set on the future) as torch's classes (see errors.py).
+DDP's gradient buckets, functional collectives) holds the native Work, and the torch
+Future of :meth:`get_future` completes when it finishes, without anyone calling
+``wait()``: DDP only waits on that future.
+
+Two kinds of future. torch's C++ reducer (DDP) reads an all_reduce's future value as a
+list of tensors: a torch.futures.Future made in Python holds a Python object instead,
+which DDP's built-in comm hooks refuse ("ProcessGroup::allreduce should return
+TensorList") and which crashes torch 2.13's reducer when it carries an error. So the work
+of an all_reduce gets a future typed as a list of tensors (typed_future.py: a failure
+then reaches it as RuntimeError with ringtree's message). Every other work gets a
+Python future that the engine thread completes, with the error as torch's class (see
+errors.py); so does a point-to-point work, whose completion may depend on what the
+program does next (a pool thread must not wait for it).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .errors import torch_error
+from .typed_future import typed_future
 
 __all__ = ["RingtreeWork"]
 
@@ -25,14 +36,16 @@ def _same_list(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return tensors
 
 
+
 class RingtreeWork(dist.Work):
     """One operation: ``native`` is ringtree's Work (None for a synchronous call, which
     has finished), ``outputs`` the tensors it writes (the future's value)."""
 
-    def __init__(self, native: Any, outputs: list[torch.Tensor]) -> None:
+    def __init__(self, native: Any, outputs: list[torch.Tensor], typed_future: bool = False) -> None:
         super().__init__()
         self._native = native
         self._outputs = outputs
+        self._typed_future = typed_future  # see the module doc: all_reduce's works
         self._future: Future | None = None
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -85,6 +98,9 @@ class RingtreeWork(dist.Work):
             # (DDP's built-in comm hooks) require; torch.jit.fork of a Python function runs
             # it at once and types its result.
             self._future = torch.jit.fork(_same_list, self._outputs) if self._outputs else _completed([])
+            return self._future
+        if self._typed_future and self._outputs:
+            self._future = typed_future(self._native, self._outputs)
             return self._future
         future: Future = Future()
         outputs = self._outputs

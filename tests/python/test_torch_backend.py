@@ -1,0 +1,143 @@
+"""ringtree as torch.distributed's backend "ringtree": registration by ``import torch``,
+every init method, the backend strings, and torch's error classes. The collectives
+themselves are compared with gloo's in test_differential_gloo.py (impl "torch-ringtree");
+DDP, FSDP2, DTensor and functional collectives in test_torch_training.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from harness import PROMPT_S, free_port, run_world  # noqa: E402
+
+WORLD_SIZES = [2, 3]
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **env))
+
+
+def test_import_torch_registers_the_backend():
+    code = ("import sys, torch, torch.distributed as d; "
+            "print('ringtree' in d.Backend.backend_list, d.Backend.RINGTREE, 'ringtree' in sys.modules)")
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "ringtree", "True"]
+
+
+def test_without_autoload_register_does_it_once():
+    code = ("import torch.distributed as d; before = 'ringtree' in d.Backend.backend_list; "
+            "import ringtree.torch_backend as tb; tb.register(); tb.register(); "
+            "print(before, d.Backend.backend_list.count('ringtree'))")
+    proc = _python(code, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "1"]
+
+
+def _check(results: list[dict], world_size: int) -> None:
+    expected = [world_size * (world_size + 1) / 2] * 4
+    for result in results:
+        value = result["ok"]
+        assert value["sum"] == expected
+        assert value["backend"] == "ringtree"
+        assert value["pg_type"] == "RingtreeProcessGroup"
+        assert value["ringtree_imported_by_torch"]
+
+
+@pytest.mark.parametrize("method", ["env", "tcp", "store-tcp"])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_init_methods_with_a_port(method, world_size):
+    for _ in range(3):
+        port = free_port()
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size)}
+        results = run_world("torch_backend_workers:init_and_all_reduce", world_size, env=env,
+                            per_rank_env=[{"RANK": str(r)} for r in range(world_size)], expect_errors=True,
+                            method=method, port=port)
+        if not any("EADDRINUSE" in r.get("message", "") for r in results):
+            break
+    errors = [r for r in results if "error" in r]
+    assert not errors, errors[0]["traceback"]
+    _check(results, world_size)
+
+
+@pytest.mark.parametrize("method", ["file", "store-file"])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_init_methods_with_a_file(method, world_size, tmp_path):
+    results = run_world("torch_backend_workers:init_and_all_reduce", world_size, method=method,
+                        path=str(tmp_path / "rendezvous"))
+    _check(results, world_size)
+
+
+@pytest.fixture
+def one_rank():
+    """Calls init_process_group(backend) on a world of one in this process; destroys it."""
+    def init(backend: str) -> None:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["ringtree", "RINGTREE", "cpu:ringtree"])
+def test_backend_strings_that_work(one_rank, backend):
+    one_rank(backend)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0, 1.0]
+    assert type(dist.group.WORLD).__name__ == "RingtreeProcessGroup"
+    assert dist.group.WORLD.group_name == "0"
+
+
+@pytest.mark.parametrize(("backend", "text"), [
+    ("cpu:ringtree,cuda:gloo", "cannot share one with 'gloo' for cuda"),
+    ("cpu:gloo,cuda:ringtree", "cannot share one with 'gloo' for cpu"),
+    ("cpu:ringtree,cuda:ringtree", "ringtree serves only cpu tensors in this build"),
+])
+def test_backend_strings_that_cannot_be_honoured_raise(one_rank, backend, text):
+    with pytest.raises(ValueError, match=text):
+        one_rank(backend)
+
+
+def test_a_cuda_tensor_is_refused_clearly(one_rank):
+    one_rank("ringtree")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with pytest.raises(Exception, match="cuda"):
+        dist.all_reduce(torch.ones(2, device="cuda"))
+
+
+def test_bad_arguments_raise_torch_exceptions(one_rank):
+    one_rank("ringtree")
+    with pytest.raises(ValueError, match="contiguous"):
+        dist.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(TypeError):
+        dist.all_reduce(torch.ones(2, dtype=torch.float8_e5m2))
+    t = torch.ones(2, requires_grad=True)
+    dist.all_reduce(t)  # a parameter is accepted (torch's backends do)
+    assert t.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(("fault", "texts", "classes"), [
+    ("kill", ["rank 1 (host '", "closed its connection"],
+     ["torch.DistNetworkError", "torch.DistError", "ringtree.DistNetworkError", "ConnectionError"]),
+    ("mismatch", ["broadcast", "allreduce"],
+     ["torch.DistBackendError", "torch.DistError", "ringtree.CollectiveMismatchError", "ValueError"]),
+    ("timeout", ["rank 1"], ["torch.DistBackendError", "torch.DistError", "ringtree.DistTimeoutError", "TimeoutError"]),
+])
+def test_failures_raise_torch_classes_with_ringtree_messages(fault, texts, classes):
+    results = run_world("torch_backend_workers:failure", 2, port=free_port(), fault=fault, timeout=60)
+    report = results[0]["ok"]
+    assert report["message"] is not None, report
+    for text in texts:
+        assert text in report["message"], report
+    assert [name for name, yes in report["classes"].items() if yes and name in classes] == classes, report
+    limit = 2 + PROMPT_S if fault == "timeout" else PROMPT_S
+    assert report["seconds"] < limit, report

@@ -1,0 +1,94 @@
+"""Worker functions of test_torch_backend.py: torch programs that use torch.distributed's
+own API with backend "ringtree" (and, for comparison, "gloo"), one rank each. None of
+them imports ringtree: the torch.backends entry point registers the backend."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = timedelta(seconds=20)
+
+
+def init_and_all_reduce(rank: int, world_size: int, method: str, port: int = 0, path: str = "",
+                        backend: str = "ringtree") -> dict:
+    """Joins through `method` (env, tcp, file, store-tcp, store-file), all_reduces, reports."""
+    if method == "env":
+        dist.init_process_group(backend, timeout=TIMEOUT)
+    elif method == "tcp":
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=TIMEOUT)
+    elif method == "file":
+        dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world_size,
+                                timeout=TIMEOUT)
+    elif method == "store-tcp":
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
+    elif method == "store-file":
+        store = dist.FileStore(path, world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
+    else:
+        raise ValueError(method)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    result = {
+        "sum": t.tolist(),
+        "backend": dist.get_backend(),
+        "pg_type": type(dist.group.WORLD).__name__,
+        "ringtree_imported_by_torch": "ringtree" in __import__("sys").modules,
+    }
+    dist.destroy_process_group()
+    return result
+
+
+def failure(rank: int, world_size: int, port: int, fault: str) -> dict:
+    """2 ranks over tcp://: rank 1 causes `fault` (kill: dies mid-job; mismatch: calls
+    broadcast where rank 0 calls all_reduce; timeout: skips rank 0's all_reduce), rank 0
+    reports the exception's classes and text."""
+    timeout = timedelta(seconds=2) if fault == "timeout" else TIMEOUT
+    dist.init_process_group("ringtree", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timeout)
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    if rank == 1:
+        if fault == "kill":
+            import harness
+
+            print(harness.RESULT_PREFIX + '{"ok": {}}', flush=True)
+            os._exit(1)
+        if fault == "mismatch":
+            try:
+                dist.broadcast(t, src=0)
+            except Exception:  # noqa: BLE001 - rank 0 reports
+                pass
+        if fault == "timeout":
+            time.sleep(4)
+        return {}
+    start = time.monotonic()
+    try:
+        if fault == "kill":
+            time.sleep(0.3)
+        dist.all_reduce(t)
+    except Exception as exc:  # noqa: BLE001 - the outcome checked
+        import ringtree
+
+        return {
+            "seconds": time.monotonic() - start,
+            "message": str(exc),
+            "classes": {
+                "torch.DistBackendError": isinstance(exc, dist.DistBackendError),
+                "torch.DistNetworkError": isinstance(exc, dist.DistNetworkError),
+                "torch.DistError": isinstance(exc, dist.DistError),
+                "ringtree.DistNetworkError": isinstance(exc, ringtree.DistNetworkError),
+                "ringtree.DistTimeoutError": isinstance(exc, ringtree.DistTimeoutError),
+                "ringtree.CollectiveMismatchError": isinstance(exc, ringtree.CollectiveMismatchError),
+                "TimeoutError": isinstance(exc, TimeoutError),
+                "ValueError": isinstance(exc, ValueError),
+                "ConnectionError": isinstance(exc, ConnectionError),
+            },
+        }
+    return {"seconds": time.monotonic() - start, "message": None, "classes": {}}
