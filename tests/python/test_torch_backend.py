@@ -141,3 +141,36 @@ def test_failures_raise_torch_classes_with_ringtree_messages(fault, texts, class
     assert [name for name, yes in report["classes"].items() if yes and name in classes] == classes, report
     limit = 2 + PROMPT_S if fault == "timeout" else PROMPT_S
     assert report["seconds"] < limit, report
+
+
+RINGTREE_PROGRAM = """
+import ringtree, numpy as np
+ringtree.init_process_group("gloo")
+a = np.full(4, ringtree.get_rank() + 1, dtype=np.float32)
+ringtree.all_reduce(a)
+open(f"{OUT}/result_{ringtree.get_rank()}", "w").write(repr(a.tolist()))
+ringtree.destroy_process_group()
+"""
+
+TORCH_PROGRAM = """
+import torch, torch.distributed as dist
+dist.init_process_group("ringtree")
+t = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+open(f"{OUT}/result_{dist.get_rank()}", "w").write(repr(t.tolist()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("program", ["ringtree", "torch"])
+def test_programs_run_under_torchrun(program, tmp_path):
+    """torchrun's agent hosts a torch TCPStore on MASTER_PORT: a torch program with backend
+    "ringtree" uses it through torch, a ringtree program (env://) as a client through torch."""
+    script = tmp_path / "program.py"
+    script.write_text(f"OUT = {str(tmp_path)!r}\n" + (RINGTREE_PROGRAM if program == "ringtree" else TORCH_PROGRAM))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(2):
+        assert (tmp_path / f"result_{rank}").read_text() == "[3.0, 3.0, 3.0, 3.0]"

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
 
 from . import constants
-from ._C import FileStore, Store, TCPStore
+from ._C import FileStore, ForeignStore, Store, TCPStore
 from .errors import DistNetworkError
 
 __all__ = ["rendezvous", "register_rendezvous_handler"]
@@ -92,11 +92,15 @@ def _check_rank(scheme: str, rank: int, world_size: int) -> None:
         raise _error(scheme, f"rank must be in [0, world_size={world_size}), got {rank}")
 
 
-def _create_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> TCPStore:
+def _create_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Store:
     """Rank 0 hosts the server (other ranks are clients), unless ringtree-run hosts it for
-    the whole job (RINGTREE_USE_AGENT_STORE=1): then every rank is a client."""
+    the whole job (RINGTREE_USE_AGENT_STORE=1): then every rank is a client. Under torchrun
+    (TORCHELASTIC_USE_AGENT_STORE=True) torchrun's agent hosts a torch TCPStore: every
+    rank is a client of it, through torch."""
     if not 0 < port < 65536:
         raise ValueError(f"Error initializing ringtree: port must be in [1, 65535], got {port}")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return _torchrun_agent_store(host, port, timeout)
     use_agent_store = os.environ.get(constants.ENV_USE_AGENT_STORE, "0") == "1"
     is_master = rank == 0 and not use_agent_store and port not in _hosted_servers
     try:
@@ -113,6 +117,19 @@ def _create_tcp_store(host: str, port: int, rank: int, world_size: int, timeout:
     if is_master:
         _hosted_servers[port] = store
     return store
+
+
+def _torchrun_agent_store(host: str, port: int, timeout: timedelta) -> Store:
+    """A client of the torch TCPStore that torchrun's agent hosts at host:port, as a
+    ringtree Store (ForeignStore). Needs torch, which torchrun comes with."""
+    try:
+        from torch.distributed import TCPStore as TorchTCPStore
+    except ImportError:
+        raise DistNetworkError(
+            "TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the job's store in torch's format, and "
+            "reaching it needs torch installed"
+        ) from None
+    return ForeignStore(TorchTCPStore(host, port, is_master=False, timeout=timeout))
 
 
 def _tcp_rendezvous_handler(url: str, timeout: timedelta = constants.default_pg_timeout, **kwargs: Any) -> RendezvousResult:
