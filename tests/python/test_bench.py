@@ -571,6 +571,17 @@ def test_rendezvous_faults_table():
     assert cells[2].endswith(" ms"), rows[0]
 
 
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch")
+def test_ddp_step_table():
+    """A small model end to end: both backends measured, one row each."""
+    proc = _bench("ddp-step", "--rounds", "1", "--steps", "2", "--width", "64", "--layers", "2", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    assert set(rows) >= {"ringtree", "gloo"}, proc.stdout
+    assert rows["gloo"].rstrip().endswith("| - |") and not rows["ringtree"].rstrip().endswith("| - |")
+    assert "ringtree's step is" in proc.stdout
+
+
 # --- end to end ---------------------------------------------------------------------------
 
 

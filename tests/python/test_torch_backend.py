@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,17 @@ def test_programs_run_under_torchrun(program, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in range(2):
         assert (tmp_path / f"result_{rank}").read_text() == "[3.0, 3.0, 3.0, 3.0]"
+
+
+def test_the_ddp_example_gives_the_same_losses_as_gloo():
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_ddp.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    losses = {}
+    for backend in ("ringtree", "gloo"):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(example),
+                               "--backend", backend, "--steps", "12", "--width", "64"],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        losses[backend] = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("step")]
+        assert f"{backend}: 2 ranks" in proc.stdout
+    assert len(losses["ringtree"]) == 3 and losses["ringtree"] == losses["gloo"]

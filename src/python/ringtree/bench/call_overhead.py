@@ -1,5 +1,7 @@
 """``ringtree-bench call-overhead``: per-call cost of small synchronous and asynchronous
-calls from Python, ringtree or torch's gloo backend (``--gloo``), 8-byte float32 buffers.
+calls from Python, ringtree, torch's gloo backend (``--gloo``) or torch.distributed over
+ringtree's torch backend (``--torch-ringtree``: what torch's layer adds), 8-byte float32
+buffers.
 
 * One rank, no launcher: ``ringtree-bench call-overhead [--gloo]`` (a one-rank group: what
   remains is the cost of the call itself: wrapper, bindings, engine, and for async calls
@@ -21,16 +23,12 @@ import warnings
 from collections.abc import Callable
 
 
-def _init(dist, gloo: bool) -> None:
+def _init(dist, backend: str) -> None:
     """A one-rank group when no launcher set RANK, else the launcher's job."""
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
-    elif gloo:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29541")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.init_process_group(backend)
     else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def _best_time_us(dist, call: Callable[[], None], iterations: int, repeats: int) -> float:
@@ -51,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ringtree-bench call-overhead", description="Per-call cost of small calls from Python."
     )
-    parser.add_argument("--gloo", action="store_true", help="time torch.distributed's gloo backend instead")
+    systems = parser.add_mutually_exclusive_group()
+    systems.add_argument("--gloo", action="store_true", help="time torch.distributed's gloo backend instead")
+    systems.add_argument("--torch-ringtree", action="store_true",
+                         help="time torch.distributed over ringtree's torch backend instead")
     parser.add_argument("--iterations", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
@@ -59,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if args.gloo:
+    if args.gloo or args.torch_ringtree:
         import torch.distributed as dist
     else:
         import ringtree as dist
-    _init(dist, args.gloo)
+    _init(dist, "ringtree" if args.torch_ringtree else "gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     x = torch.zeros(2)
     gathered = torch.zeros(2 * size)

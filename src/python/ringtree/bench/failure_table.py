@@ -34,7 +34,7 @@ import time
 from datetime import date, timedelta
 from typing import NoReturn
 
-from .fault_runs import Ranks, emit, key_text, seconds_text
+from .rank_processes import Ranks, emit, key_text, seconds_text
 
 FAULTS = ["kill", "exit", "freeze", "op_mismatch", "count_mismatch"]
 LIBRARIES = ["ringtree", "gloo"]

@@ -33,6 +33,7 @@ PROG = "ringtree-bench"
 #: ``main`` of the module of this package named here (see cli.main).
 TOOLS = {
     "call-overhead": "call_overhead",
+    "ddp-step": "ddp_step",
     "failure-table": "failure_table",
     "p2p-pingpong": "p2p_pingpong",
     "rendezvous-faults": "rendezvous_faults",

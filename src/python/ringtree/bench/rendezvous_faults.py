@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import NoReturn
 
-from .fault_runs import Ranks, emit, key_text, seconds_text
+from .rank_processes import Ranks, emit, key_text, seconds_text
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""What the fault benchmarks (``failure-table``, ``rendezvous-faults``) share: rank
-processes that report events as JSON lines on stdout, the driver's side that reads them
-until a deadline, and how a table cell shows an error text or a time."""
+"""What the benchmarks that start their own rank processes (``failure-table``,
+``rendezvous-faults``, ``ddp-step``) share: rank processes that report events as JSON
+lines on stdout, the driver's side that reads them until a deadline, and how a table
+cell shows an error text or a time."""
 
 from __future__ import annotations
 
