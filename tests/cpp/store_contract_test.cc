@@ -336,6 +336,22 @@ TYPED_TEST(StoreContractTest, WaitReturnsOnceEveryKeyIsSet) {
   s.wait({"a", "b", "c"}, 0ms);
 }
 
+TYPED_TEST(StoreContractTest, BarrierReturnsOnceWorldSizeCallersArrived) {
+  Store& s = this->store();
+  auto late = std::async(std::launch::async, [this] {
+    std::this_thread::sleep_for(kSetterDelay);
+    this->other().barrier("b", 2);
+  });
+  const auto start = Clock::now();
+  s.barrier("b", 2);
+  EXPECT_GE(elapsedSince(start), kSetterDelay - 20ms);
+  late.get();
+  EXPECT_EQ(s.add("b/num_members", 0), 2);
+  s.barrier("alone", 1);  // nobody else to wait for
+  EXPECT_THROW(s.barrier("short", 2, 50ms), StoreError);
+  EXPECT_THROW(s.barrier("none", 0), InvalidArgument);
+}
+
 TYPED_TEST(StoreContractTest, DeleteKeyReportsWhetherTheKeyExisted) {
   Store& s = this->store();
   s.set("key", bytes("1"));

@@ -56,6 +56,17 @@ def test_get_waits_for_set(stores):
     assert time.monotonic() - start >= 0.15
 
 
+def test_barrier_waits_for_world_size_callers(stores):
+    a, b = stores
+    threading.Timer(0.2, lambda: a.barrier("b", 2)).start()
+    start = time.monotonic()
+    b.barrier("b", 2, timedelta(seconds=10))
+    assert time.monotonic() - start >= 0.15
+    b.barrier("alone", 1)
+    with pytest.raises(ringtree.DistStoreError):
+        b.barrier("short", 2, timedelta(milliseconds=100))
+
+
 def test_get_timeout_names_key_and_timeout(stores):
     a, b = stores
     b.set_timeout(timedelta(milliseconds=200))

@@ -23,6 +23,17 @@ Store::~Store() = default;
 
 void Store::wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
 
+void Store::barrier(const std::string& key, int64_t worldSize) { barrier(key, worldSize, timeout()); }
+
+void Store::barrier(const std::string& key, int64_t worldSize, Timeout timeout) {
+  if (worldSize < 1) {
+    throw InvalidArgument("Store barrier '" + key + "': world_size must be at least 1, got " + std::to_string(worldSize));
+  }
+  const std::string lastMember = key + "/last_member";
+  if (add(key + "/num_members", 1) == worldSize) set(lastMember, toBytes("1"));
+  wait({lastMember}, timeout);
+}
+
 std::vector<Bytes> Store::multiGet(const std::vector<std::string>& keys) {
   std::vector<Bytes> values;
   values.reserve(keys.size());

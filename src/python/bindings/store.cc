@@ -89,6 +89,14 @@ timeout passes (then raise DistStoreError naming the keys and the timeout).)")
       .def("wait", py::overload_cast<const std::vector<std::string>&, Milliseconds>(&Store::wait),
            py::arg("keys"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
            "Waits until every key exists, up to timeout (timedelta).")
+      .def(
+          "barrier",
+          [](Store& s, const std::string& key, int64_t worldSize, std::optional<Milliseconds> timeout) {
+            py::gil_scoped_release release;
+            s.barrier(key, worldSize, timeout.value_or(s.timeout()));
+          },
+          py::arg("key"), py::arg("world_size"), py::arg("timeout") = py::none(),
+          "Blocks until world_size callers have called barrier with key, up to timeout (default: the store's).")
       .def("delete_key", &Store::deleteKey, py::arg("key"), py::call_guard<py::gil_scoped_release>(),
            "Removes key; returns whether it existed.")
       .def("num_keys", &Store::numKeys, py::call_guard<py::gil_scoped_release>())

@@ -102,14 +102,17 @@ class BackendConfig:
     """Which backend serves which device type, parsed from a backend string.
 
     ``BackendConfig("gloo")`` -> ``cpu:gloo,cuda:gloo``; ``BackendConfig(None)`` (or
-    ``"undefined"``) -> the defaults ``cpu:gloo,cuda:nccl``; ``"cpu:gloo,cuda:nccl"`` is
-    parsed as written. Raises ValueError for a malformed string or an unknown device.
+    ``"undefined"``) -> the defaults, as torch makes them: ``cpu:gloo``, and ``cuda:nccl``
+    where NCCL is available; ``"cpu:gloo,cuda:nccl"`` is parsed as written. Raises
+    ValueError for a malformed string or an unknown device.
     """
 
     def __init__(self, backend: str | None) -> None:
         self.device_backend_map: dict[str, str] = {}
         if backend is None or Backend(backend) == Backend.UNDEFINED:
-            self.device_backend_map = dict(Backend.default_device_backend_map)
+            self.device_backend_map = {"cpu": Backend.GLOO}
+            if is_nccl_available():
+                self.device_backend_map["cuda"] = Backend.NCCL
         elif ":" not in backend:
             name = Backend(backend)
             devices = Backend.backend_capability.get(name)
@@ -214,10 +217,12 @@ def _check_backends(config: BackendConfig, explicit: bool) -> None:
 
 def parse_backend(backend: str | None) -> str:
     """The backend string a group created with ``backend`` reports (``None`` ->
-    ``'cpu:gloo,cuda:nccl'``), after checking that this build provides what it names:
+    ``'undefined'``, as torch's; its config is then the defaults), after checking that this build provides what it names:
     ValueError for an unknown or malformed name, DistBackendError for an unavailable
     backend named explicitly."""
     if backend is not None and not isinstance(backend, str):
         raise ValueError("Backend constructor parameter must be string-ish")
     _check_backends(BackendConfig(backend), explicit=backend is not None)
-    return Backend(backend) if backend is not None and ":" not in backend else (backend or "cpu:gloo,cuda:nccl")
+    if backend is None:
+        return Backend.UNDEFINED
+    return Backend(backend) if ":" not in backend else backend

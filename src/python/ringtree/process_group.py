@@ -294,7 +294,8 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
-    """The backend string ``group`` was created with (e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``).
+    """The backend string ``group`` was created with (e.g. ``'gloo'``, ``'cpu:gloo,cuda:nccl'``,
+    or ``'undefined'`` for ``backend=None``).
     ValueError for a group this rank is not in."""
     return joined_group(group).name()
 
@@ -356,7 +357,8 @@ def init_process_group(
 
     Rendezvous is through ``store`` (needs ``rank`` and ``world_size``) or
     ``init_method`` (``env://`` by default, ``tcp://host:port``, ``file:///path``, or a
-    registered scheme). ``backend=None`` means ``cpu:gloo,cuda:nccl``. ``timeout``
+    registered scheme). ``backend=None`` means torch's defaults (``cpu:gloo``, and
+    ``cuda:nccl`` where NCCL is available; the group's backend reads "undefined"). ``timeout``
     (default 30 min) bounds every operation of the group and the store's waits.
 
     Blocks until this rank reached the store (rank 0 or ringtree-run hosts it) and, when

@@ -59,6 +59,13 @@ class RINGTREE_API Store {
   void wait(const std::vector<std::string>& keys);
   virtual void wait(const std::vector<std::string>& keys, Timeout timeout) = 0;
 
+  // Blocks until worldSize callers (any processes, this one included) have called
+  // barrier with key, up to the given timeout (or timeout()); then StoreError as wait().
+  // Uses the keys key + "/num_members" (a counter) and key + "/last_member", as torch's
+  // Store.barrier does; a key serves one barrier.
+  void barrier(const std::string& key, int64_t worldSize);
+  void barrier(const std::string& key, int64_t worldSize, Timeout timeout);
+
   // Removes key; returns whether it existed.
   virtual bool deleteKey(const std::string& key) = 0;
 
