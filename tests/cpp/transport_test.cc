@@ -761,13 +761,26 @@ TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
 
 // Publishes for `rank` a record naming the process `pid` of this host, with a TCP
 // address nobody listens at.
+// A child process that waits, doing nothing, until the test kills it (a "running
+// process" for liveness checks); -1 when fork fails.
+pid_t forkPausedChild() {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  return child;
+}
+
 // Publishes for `rank` a record naming process `pid` of this host, listening at port
 // (default: a port nothing listens on).
 void publishRecordOf(Store& store, int rank, int size, pid_t pid, uint16_t port = closedPort()) {
   rendezvous::PeerRecord record;
   record.process = localProcessIdentity();
-  record.process.pid = pid;
-  record.process.startTicks = 0;  // not known: any process with the pid counts
+  if (pid != ::getpid()) {
+    record.process.pid = pid;
+    record.process.startTicks = 0;  // not known: any process with the pid counts
+  }
   record.size = size;
   record.transport = TransportKind::kTcp;
   record.tcpHost = "127.0.0.1";
@@ -808,12 +821,8 @@ TEST(Rendezvous, PeerThatDiesAfterPublishingFailsTheRendezvousAtOnce) {
   for (const int rank : {1, 0}) {
     net::Socket listener = net::listenTcp("127.0.0.1", 0);
     const uint16_t port = net::localPort(listener.fd());
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      ::pause();
-      ::_exit(0);
-    }
+    const pid_t child = forkPausedChild();
+    ASSERT_GT(child, 0);
     listener.reset();  // the child's copy stays open until it dies
     const auto store = test::freshStore();
     publishRecordOf(*store, 1 - rank, 2, child, port);
@@ -840,12 +849,8 @@ TEST(Rendezvous, RecordOfARunningProcessThatNoLongerListensFailsAtOnce) {
   // the published address (a rank of an earlier job that lingers, whose connection phase
   // is long over): rank 1 fails at its first refused connection, naming that process,
   // instead of retrying until its 20 s timeout or blaming the network.
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::pause();
-    ::_exit(0);
-  }
+  const pid_t child = forkPausedChild();
+  ASSERT_GT(child, 0);
   const auto store = test::freshStore();
   publishRecordOf(*store, 0, 2, child);
   const auto start = Clock::now();
@@ -865,16 +870,26 @@ TEST(Rendezvous, RecordOfARunningProcessThatNoLongerListensFailsAtOnce) {
   EXPECT_FALSE(contains(message, "RINGTREE_SOCKET_IFNAME")) << message;
 }
 
+TEST(Rendezvous, RunningPeerThatPublishesAgainIsReachedAtItsNewAddress) {
+  // The store holds rank 0's record of an earlier incarnation of the group in this very
+  // process (destroyed, now created again over the same keys, as torch names groups anew
+  // after destroy_process_group): its listener is closed. Rank 1 keeps trying while rank 0
+  // publishes again 300 ms later, then connects to the new address.
+  const auto store = test::freshStore();
+  publishRecordOf(*store, 0, 2, ::getpid());
+  test::runOnThreads(2, [&](int rank) {
+    if (rank == 0) std::this_thread::sleep_for(300ms);
+    const auto communicator = Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 20s));
+    EXPECT_EQ(communicator->size(), 2);
+  });
+}
+
 TEST(Rendezvous, RankHeldByAnotherRunningProcessIsRefusedAtOnce) {
   // The store already holds rank 1's record from another process of this host that still
   // runs (an earlier job lingering on a store reached again, or rank 1 given twice):
   // rank 1 refuses at once, naming it, and leaves that record in place.
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::pause();
-    ::_exit(0);
-  }
+  const pid_t child = forkPausedChild();
+  ASSERT_GT(child, 0);
   const auto store = test::freshStore();
   publishRecordOf(*store, 1, 2, child);
   const Bytes before = store->get(rendezvous::addressKey(1));

@@ -425,9 +425,13 @@ IMPLS = {
 }
 
 
-def _init(dist, backend: str, port: int, args) -> None:
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=args.rank,
-                            world_size=args.world_size, timeout=GROUP_TIMEOUT)
+def _init(dist, backend: str, port: int, args, attempt: str = "") -> None:
+    """The first group over tcp://127.0.0.1:PORT; one re-created after a failed case
+    (``attempt`` names it) over a file of its own: a TCPStore server re-created on the same
+    port races with clients still connected to the one before."""
+    method = f"file://{args.out_dir}/{attempt}" if attempt else f"tcp://127.0.0.1:{port}"
+    dist.init_process_group(backend, init_method=method, rank=args.rank, world_size=args.world_size,
+                            timeout=GROUP_TIMEOUT)
 
 
 def _all_ranks_succeeded(coord, key: str, args, ok: bool) -> bool:
@@ -450,7 +454,7 @@ def run_cases(impl: str, port: int, cases: list[str], coord, args) -> dict:
         if not _all_ranks_succeeded(coord, f"{impl}/{name}", args, results[name]["ok"]):
             # Some rank failed: start the next case on a fresh default group everywhere.
             dist.destroy_process_group()
-            _init(dist, backend, port, args)
+            _init(dist, backend, port, args, attempt=f"{impl}-after-{name}")
     dist.destroy_process_group()
     return results
 

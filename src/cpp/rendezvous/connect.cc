@@ -37,6 +37,10 @@ constexpr milliseconds kFirstBackoff{10};
 constexpr milliseconds kMaxBackoff{1000};
 // How long a peer whose connection broke gets to show as exited in /proc.
 constexpr milliseconds kExitSettle{250};
+// How long a running peer of this host may refuse connections at its published address
+// before its record counts as one of a connection phase that is over: within that time it
+// may publish again (a group re-created in a live process over the same store keys).
+constexpr milliseconds kListenerGrace{1000};
 
 // Connects rank to all its peers; one object per connectFullMesh call.
 class MeshBuilder {
@@ -48,7 +52,8 @@ class MeshBuilder {
         options_(options),
         phase_{rank, size, Clock::now(), net::deadlineAfter(options.timeout), options.timeout},
         pairs_(static_cast<size_t>(size)),
-        records_(static_cast<size_t>(size)) {}
+        records_(static_cast<size_t>(size)),
+        recordBytes_(static_cast<size_t>(size)) {}
 
   std::vector<std::unique_ptr<Pair>> run(std::shared_ptr<arena::NodeArena>* arena) {
     publish();
@@ -170,6 +175,7 @@ class MeshBuilder {
       std::string staleText;
       for (size_t i = 0; i < keys.size(); ++i) {
         PeerRecord& record = records_[static_cast<size_t>(ranks[i])];
+        recordBytes_[static_cast<size_t>(ranks[i])] = values[i];
         if (!decodeRecord(values[i], &record)) {
           throw StoreError("the address record of rank " + std::to_string(ranks[i]) + " under '" + keys[i] +
                            "' is malformed (a key of another program in this store?)");
@@ -228,14 +234,36 @@ class MeshBuilder {
                        "during the rendezvous?)");
   }
 
-  // Throws at once when peer's process runs on this host but refused the connection: it
-  // listens at its published address from before publishing until its connection phase
-  // ends, so that phase is over and the record cannot be of this communicator.
-  void throwIfListenerClosed(int peer, int error) const {
+  // Whether peer's process runs on this host and refused the connection: it listens at
+  // its published address from before publishing until its connection phase ends, so
+  // either it has published again since this rank read its record (reloadRecord), or
+  // that phase is over and the record cannot be of this communicator.
+  bool refusedByLiveLocalPeer(int peer, int error) const {
     const ProcessIdentity& there = record(peer).process;
-    if (error != ECONNREFUSED || !sameHost(there, record(rank_).process)) return;
+    return error == ECONNREFUSED && sameHost(there, record(rank_).process) && livenessOf(there) == Liveness::kRunning;
+  }
+
+  // Replaces peer's record with the one in the store when the peer has published again
+  // since readRecords(); returns whether it did.
+  bool reloadRecord(int peer) {
+    const Bytes now = store_.get(addressKey(peer));
+    if (now == recordBytes_[static_cast<size_t>(peer)]) return false;
+    PeerRecord fresh;
+    if (!decodeRecord(now, &fresh) || fresh.size != size_) {
+      throw StoreError("the address record of rank " + std::to_string(peer) + " under '" + addressKey(peer) +
+                       "' was replaced by one that is malformed or of another world size");
+    }
+    records_[static_cast<size_t>(peer)] = fresh;
+    recordBytes_[static_cast<size_t>(peer)] = now;
+    RINGTREE_DEBUG("rank " << rank_ << ": " << describe(peer, false) << " published again; connecting there");
+    return true;
+  }
+
+  // Throws for a running peer of this host that has refused connections at its address
+  // for kListenerGrace without publishing again (refusedByLiveLocalPeer).
+  [[noreturn]] void throwListenerClosed(int peer, int error) const {
+    const ProcessIdentity& there = record(peer).process;
     throwIfPeerExited(peer, "cannot connect (" + net::errnoText(error) + ") to", kExitSettle);
-    if (livenessOf(there) != Liveness::kRunning) return;
     throw NetworkError("rank " + std::to_string(rank_) + " cannot connect to rank " + std::to_string(peer) + " (" +
                        describeLiveRecord(record(peer)) + "): nothing listens at the address it published, though " +
                        "its process still runs, so its connection phase is over: the record is from an earlier job " +
@@ -275,7 +303,9 @@ class MeshBuilder {
   // (sender -1: any rank).
   bool validHello(const Hello& h, int sender) const { return rendezvous::validHello(h, nonce_, rank_, size_, sender); }
 
-  // Connects to peer's TCP listener, retrying with backoff until the deadline.
+  // Connects to peer's TCP listener, retrying with backoff until the deadline. Returns an
+  // invalid socket when the peer published a new record meanwhile (reloadRecord): the
+  // caller starts over with it.
   net::Socket connectTcp(int peer) {
     const PeerRecord& r = record(peer);
     const std::string where = net::formatHostPort(r.tcpHost, r.tcpPort);
@@ -287,6 +317,7 @@ class MeshBuilder {
     }
     milliseconds backoff = kFirstBackoff;
     int lastError = 0;
+    Clock::time_point refusedSince{};
     for (int attempt = 1;; ++attempt) {
       for (const auto& address : addresses) {
         net::Socket socket;
@@ -297,7 +328,14 @@ class MeshBuilder {
                                << ": " << net::errnoText(lastError));
       }
       throwIfPeerExited(peer, "cannot connect (" + net::errnoText(lastError) + ") to");
-      throwIfListenerClosed(peer, lastError);
+      if (refusedByLiveLocalPeer(peer, lastError)) {
+        if (reloadRecord(peer)) return net::Socket();
+        if (refusedSince == Clock::time_point{}) {
+          refusedSince = Clock::now();
+        } else if (Clock::now() - refusedSince >= kListenerGrace) {
+          throwListenerClosed(peer, lastError);
+        }
+      }
       if (Clock::now() >= phase_.deadline) {
         throw NetworkError("rank " + std::to_string(rank_) + " could not connect to " + describe(peer, false) +
                            " within " + std::to_string(phase_.elapsedMs()) + " ms (" +
@@ -310,6 +348,13 @@ class MeshBuilder {
   }
 
   void connectToLower(int peer) {
+    while (!tryConnectToLower(peer)) {
+    }
+  }
+
+  // One attempt at the pair (peer, this rank) with peer's current record; false when the
+  // peer published a new record meanwhile (then nothing is left half-connected).
+  bool tryConnectToLower(int peer) {
     const Route r = route(peer);
     const net::Deadline deadline = phase_.deadline;
     net::Socket shmSocket;
@@ -333,6 +378,7 @@ class MeshBuilder {
                                      : r == Route::kShmRequired ? HelloTransport::kShmUnreachable
                                                                 : HelloTransport::kTcp;
     net::Socket tcpSocket = connectTcp(peer);
+    if (!tcpSocket.valid()) return false;
     const std::string where = net::formatHostPort(record(peer).tcpHost, record(peer).tcpPort);
     const Hello mine = hello(peer, transport);
     net::IoResult io = net::sendAll(tcpSocket.fd(), &mine, sizeof(mine), deadline);
@@ -358,6 +404,7 @@ class MeshBuilder {
     }
     finishPair(peer, transport == HelloTransport::kShm, std::move(tcpSocket), std::move(shmSocket),
                /*initiator=*/true);
+    return true;
   }
 
   void finishPair(int peer, bool shm, net::Socket tcpSocket, net::Socket shmSocket, bool initiator) {
@@ -537,6 +584,7 @@ class MeshBuilder {
   Phase phase_;
   std::vector<std::unique_ptr<Pair>> pairs_;
   std::vector<PeerRecord> records_;
+  std::vector<Bytes> recordBytes_;  // records_ as read from the store (reloadRecord)
   TcpListener tcp_;
   std::unique_ptr<transport::shm::Listener> shm_;
   Nonce nonce_{};

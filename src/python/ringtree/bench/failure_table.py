@@ -34,7 +34,7 @@ import time
 from datetime import date, timedelta
 from typing import NoReturn
 
-from .rank_processes import Ranks, emit, key_text, seconds_text
+from .rank_processes import Ranks, chosen_faults, emit, key_text, seconds_text
 
 FAULTS = ["kill", "exit", "freeze", "op_mismatch", "count_mismatch"]
 LIBRARIES = ["ringtree", "gloo"]
@@ -187,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", choices=["auto", "tcp", "shm"], default="auto",
                         help="RINGTREE_TRANSPORT of the ringtree runs (default auto: shared memory on one host)")
     args = parser.parse_args(argv)
-    faults = args.faults.split(",")
-    unknown = set(faults) - set(FAULTS)
-    if unknown:
-        parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
+    faults = chosen_faults(parser, args.faults, FAULTS)
     import ringtree
     import torch
 

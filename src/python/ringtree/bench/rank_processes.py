@@ -5,6 +5,7 @@ cell shows an error text or a time."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import selectors
 import signal
@@ -13,7 +14,7 @@ import time
 
 from .. import run
 
-__all__ = ["PREFIX", "Ranks", "emit", "key_text", "seconds_text"]
+__all__ = ["PREFIX", "Ranks", "chosen_faults", "emit", "key_text", "seconds_text"]
 
 PREFIX = "FAULT_EVENT "
 # How much of an error text a table shows: the start and, for long texts, the end
@@ -77,3 +78,12 @@ def key_text(message: str) -> str:
 def seconds_text(seconds: float) -> str:
     """``12.3 ms`` below a second, ``1.23 s`` above."""
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def chosen_faults(parser: argparse.ArgumentParser, text: str, known) -> list[str]:
+    """The comma-separated names of ``--faults``; the parser's error for an unknown one."""
+    faults = text.split(",")
+    unknown = set(faults) - set(known)
+    if unknown:
+        parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
+    return faults

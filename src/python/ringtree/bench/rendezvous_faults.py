@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import NoReturn
 
-from .rank_processes import Ranks, emit, key_text, seconds_text
+from .rank_processes import Ranks, chosen_faults, emit, key_text, seconds_text
 
 
 @dataclass(frozen=True)
@@ -245,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=40.0, help="seconds after which a job is stopped (default 40)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
     args = parser.parse_args(argv)
-    faults = args.faults.split(",")
-    unknown = set(faults) - set(FAULTS)
-    if unknown:
-        parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
+    faults = chosen_faults(parser, args.faults, FAULTS)
     import ringtree
     import torch
 

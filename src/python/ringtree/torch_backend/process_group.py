@@ -139,6 +139,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
+    def _get_backend(self, device: Any) -> RingtreeProcessGroup:
+        """This group serves every device type itself. torch asks for a device's backend
+        (``batch_isend_irecv`` in torch 2.14 checks its ``supports_coalescing``); the base
+        class would raise "No backend type associated with device type cpu", since a
+        Python process group registers no per-device backends."""
+        return self
+
     @property
     def native(self) -> Any:
         """The native process group (diagnostics, flight recorder)."""
