@@ -884,6 +884,22 @@ TEST(Rendezvous, RunningPeerThatPublishesAgainIsReachedAtItsNewAddress) {
   });
 }
 
+TEST(Rendezvous, GroupRecreatedOverTheSameKeysWaitsForALatePeer) {
+  // Two ranks in this process (threads) made a group; it is created again over the same
+  // keys, one rank 1.5 s late (past the 1 s a stranger's closed listener gets): each
+  // rank's key held its own earlier record, so the peer's stale record is waited for and
+  // replaced, not refused as a lingering job's.
+  const auto store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 20s));
+  });
+  test::runOnThreads(2, [&](int rank) {
+    if (rank == 0) std::this_thread::sleep_for(1500ms);
+    const auto communicator = Communicator::create(store, rank, 2, testOptions(TransportKind::kTcp, 20s));
+    EXPECT_EQ(communicator->size(), 2);
+  });
+}
+
 TEST(Rendezvous, RankHeldByAnotherRunningProcessIsRefusedAtOnce) {
   // The store already holds rank 1's record from another process of this host that still
   // runs (an earlier job lingering on a store reached again, or rank 1 given twice):
@@ -921,9 +937,10 @@ TEST(Rendezvous, RecordsOfExitedProcessesAreNamedWhenNobodyReplacesThem) {
     EXPECT_LT(elapsedSince(start), 500ms + test::kLateBy) << message;
     for (const std::string& part :
          {"rank " + std::to_string(rank) + " of 2: the address records of rank " + std::to_string(1 - rank) +
-              " (store keys 'rt/comm/addr/<rank>') are from processes that have exited (rank " +
+              " (store keys 'rt/comm/addr/<rank>') are from processes that have exited or from an earlier group over "
+              "the same keys (rank " +
               std::to_string(1 - rank) + " (host '",
-          std::string("a job that did not finish left them in this store")}) {
+          std::string("a job that did not finish, or an earlier group, left them in this store")}) {
       EXPECT_TRUE(contains(message, part)) << message;
     }
     EXPECT_FALSE(contains(message, "RINGTREE_SOCKET_IFNAME")) << message;

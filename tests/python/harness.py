@@ -97,17 +97,24 @@ def start_world(
 
 def read_result(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
     """The result line a process of start_world printed (it may go on running), read from
-    its stdout within ``timeout`` seconds."""
+    its stdout within ``timeout`` seconds. Reads the pipe itself (os.read), not through
+    the text wrapper, whose buffer select() cannot see."""
     deadline = time.monotonic() + timeout
+    fd = proc.stdout.fileno()
+    pending = b""
     while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            if text.startswith(RESULT_PREFIX):
+                return json.loads(text[len(RESULT_PREFIX):])
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([proc.stdout], [], [], remaining)[0]:
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
             raise AssertionError(f"pid {proc.pid} printed no result within {timeout} s")
-        line = proc.stdout.readline()
-        if not line:
+        chunk = os.read(fd, 65536)
+        if not chunk:
             raise AssertionError(f"pid {proc.pid} exited with {proc.wait()} and no result")
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+        pending += chunk
 
 
 def run_world(

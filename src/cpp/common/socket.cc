@@ -216,7 +216,8 @@ Socket listenTcp(const std::string& bindAddress, uint16_t port, int backlog) {
     std::string holders;
     if (error == EADDRINUSE && port != 0) {
       for (const int64_t pid : processesListeningOn(port)) {
-        holders += (holders.empty() ? "" : ", ") + describeLocalProcess(pid);
+        holders += (holders.empty() ? "" : ", ") +
+                   (pid == ::getpid() ? "this process (pid " + std::to_string(pid) + ")" : describeLocalProcess(pid));
       }
       holders = holders.empty() ? "" : " (port " + std::to_string(port) + " is held by " + holders + " on this host)";
     }

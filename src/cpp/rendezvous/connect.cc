@@ -108,28 +108,53 @@ class MeshBuilder {
     RINGTREE_INFO("rank " << rank_ << " listens at " << net::formatHostPort(tcp_.host, tcp_.port)
                           << " (from " << tcp_.origin << ")");
     const Bytes mine = encodeRecord(self);
-    const Bytes held = store_.compareSet(addressKey(rank_), Bytes{}, mine);
-    if (held != mine) {
+    Bytes held = store_.compareSet(addressKey(rank_), Bytes{}, mine);
+    while (held != mine) {
       refuseIfRankHeld(held);
-      store_.set(addressKey(rank_), mine);
+      held = store_.compareSet(addressKey(rank_), held, mine);  // another writer meanwhile: judge it too
     }
     nonce_ = agreeOnNonce(store_);
   }
 
+  // Whether the store holds a record this very process published under another rank's
+  // key: an earlier group over the same keys (re-created with its ranks in another order).
+  bool ownRecordUnderAnotherRank() const {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || !store_.check({addressKey(r)})) continue;
+      PeerRecord other;
+      if (decodeRecord(store_.get(addressKey(r)), &other) && sameProcess(other.process, record(rank_).process)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   // This rank's key already held `held` when it came to publish. A record of a process
-  // that has exited (or of this one) is a leftover to replace; one of another process
-  // that still runs means two live processes claim this rank on one store: an earlier
-  // job that lingers, reached again by a relaunch on the same store, or a rank given
-  // twice. Waiting cannot resolve that, so it throws StoreError at once. (A record from
-  // another host cannot be checked and is replaced.)
-  void refuseIfRankHeld(const Bytes& held) const {
+  // that has exited is a leftover to replace; one of this process is its own from an
+  // earlier group over the same keys (torch names groups anew after
+  // destroy_process_group): replaced, and the store counts as this job's
+  // (earlierIncarnation_). One of another process that still runs means two live
+  // processes claim this rank on one store: an earlier job that lingers, reached again by
+  // a relaunch on the same store, or a rank given twice -- unless this process's own
+  // record sits under another rank (an earlier group of these same processes, ranks
+  // reordered). Waiting cannot resolve the conflict, so it throws StoreError at once. (A
+  // record from another host cannot be checked and is replaced.)
+  void refuseIfRankHeld(const Bytes& held) {
     PeerRecord previous;
     if (!decodeRecord(held, &previous)) {
       throw StoreError("rank " + std::to_string(rank_) + ": the store key '" + addressKey(rank_) +
                        "' holds something that is no address record (a key of another program in this store?)");
     }
     const ProcessIdentity& self = record(rank_).process;
-    if (sameProcess(previous.process, self) || livenessOf(previous.process) != Liveness::kRunning) return;
+    if (sameProcess(previous.process, self)) {
+      earlierIncarnation_ = true;
+      return;
+    }
+    if (livenessOf(previous.process) != Liveness::kRunning) return;
+    if (ownRecordUnderAnotherRank()) {
+      earlierIncarnation_ = true;
+      return;
+    }
     throw StoreError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": the store already holds " +
                      "the address of rank " + std::to_string(rank_) + " from another process that still runs (" +
                      describeLiveRecord(previous) + "): a job that still runs uses this store (a relaunch on the " +
@@ -168,6 +193,11 @@ class MeshBuilder {
     }
     // A record whose process has exited was left in a reused store by a job that did not
     // finish: it counts as not yet published, until that rank of this job overwrites it.
+    // So does, once this rank's key held its own record of an earlier group over the same
+    // keys (earlierIncarnation_), a record of another size from a live process of this
+    // host: it is of that earlier group. (A record of this process under another rank is
+    // not judged: ranks of one process on threads publish such records legitimately.)
+    const ProcessIdentity& self = record(rank_).process;
     auto backoff = milliseconds(1);
     for (;;) {
       const std::vector<Bytes> values = store_.multiGet(keys);
@@ -180,7 +210,9 @@ class MeshBuilder {
           throw StoreError("the address record of rank " + std::to_string(ranks[i]) + " under '" + keys[i] +
                            "' is malformed (a key of another program in this store?)");
         }
-        if (livenessOf(record.process) == Liveness::kGone) {
+        const bool earlierGroup = earlierIncarnation_ && record.size != size_ && sameHost(record.process, self) &&
+                                  livenessOf(record.process) == Liveness::kRunning;
+        if (earlierGroup || livenessOf(record.process) == Liveness::kGone) {
           stale.push_back(ranks[i]);
           staleText += (staleText.empty() ? "" : "; ") + describe(ranks[i], false);
           continue;
@@ -195,7 +227,8 @@ class MeshBuilder {
       if (Clock::now() >= phase_.deadline) {
         throw NetworkError("rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": the address records " +
                            "of " + text::rankList(stale) + " (store keys 'rt/comm/addr/<rank>') are from processes " +
-                           "that have exited (" + staleText + "): a job that did not finish left them in this store, " +
+                           "that have exited or from an earlier group over the same keys (" + staleText +
+                           "): a job that did not finish, or an earlier group, left them in this store, " +
                            "and this job's " + text::rankList(stale) + " did not publish within " +
                            std::to_string(phase_.elapsedMs()) + " ms. Did every rank start? Give each job a store " +
                            "(or file:// path) of its own");
@@ -330,10 +363,14 @@ class MeshBuilder {
       throwIfPeerExited(peer, "cannot connect (" + net::errnoText(lastError) + ") to");
       if (refusedByLiveLocalPeer(peer, lastError)) {
         if (reloadRecord(peer)) return net::Socket();
-        if (refusedSince == Clock::time_point{}) {
-          refusedSince = Clock::now();
-        } else if (Clock::now() - refusedSince >= kListenerGrace) {
-          throwListenerClosed(peer, lastError);
+        // In a store of this job's earlier group the peer will publish again: it is waited
+        // for (up to the deadline) however late it comes.
+        if (!earlierIncarnation_) {
+          if (refusedSince == Clock::time_point{}) {
+            refusedSince = Clock::now();
+          } else if (Clock::now() - refusedSince >= kListenerGrace) {
+            throwListenerClosed(peer, lastError);
+          }
         }
       }
       if (Clock::now() >= phase_.deadline) {
@@ -585,6 +622,10 @@ class MeshBuilder {
   std::vector<std::unique_ptr<Pair>> pairs_;
   std::vector<PeerRecord> records_;
   std::vector<Bytes> recordBytes_;  // records_ as read from the store (reloadRecord)
+  // Whether the store holds records of an earlier group of this very process over the
+  // same keys (see refuseIfRankHeld): its live peers' stale records are then waited for,
+  // not refused.
+  bool earlierIncarnation_ = false;
   TcpListener tcp_;
   std::unique_ptr<transport::shm::Listener> shm_;
   Nonce nonce_{};

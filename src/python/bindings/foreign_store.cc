@@ -30,9 +30,12 @@ Bytes fromPyBytes(const py::handle& value) {
 }
 
 // The Store interface over a Python object with torch.distributed.Store's methods. Every
-// call takes the GIL (the core calls from threads that do not hold it). The object's
-// errors become ringtree errors carrying their text: a network error (a
-// DistNetworkError, a ConnectionError) becomes NetworkError, anything else StoreError.
+// call takes the GIL (the core calls from threads that do not hold it), and fails with
+// StoreError instead once the interpreter is finalizing. The object's errors become
+// ringtree errors carrying their text: a network error (a DistNetworkError, a
+// ConnectionError) becomes NetworkError, anything else StoreError. Timeouts are this
+// object's own (get() waits with it, then reads): never set on the Python store, whose
+// clone() may be the very same object (torch's HashStore).
 class ForeignStore final : public Store {
  public:
   explicit ForeignStore(py::object store)
@@ -54,6 +57,7 @@ class ForeignStore final : public Store {
   }
 
   Bytes get(const std::string& key) override {
+    wait({key}, timeout());
     Bytes out;
     call("get", [&] { out = fromPyBytes(store_.attr("get")(key)); });
     return out;
@@ -106,6 +110,7 @@ class ForeignStore final : public Store {
   }
 
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override {
+    wait(keys, timeout());
     std::vector<Bytes> out;
     call("multi_get", [&] {
       for (const py::handle value : store_.attr("multi_get")(keys)) out.push_back(fromPyBytes(value));
@@ -119,16 +124,13 @@ class ForeignStore final : public Store {
     return out;
   }
 
-  void setTimeout(Timeout timeout) override {
-    Store::setTimeout(timeout);
-    call("set_timeout",
-         [&] { store_.attr("set_timeout")(std::chrono::duration_cast<std::chrono::microseconds>(timeout)); });
-  }
-
  private:
   // Runs body with the GIL, turning a Python error into a ringtree one.
   template <typename Body>
   void call(const char* method, Body&& body) {
+    if (pythonIsFinalizing()) {
+      throw StoreError(description_ + "." + method + ": the Python interpreter is shutting down");
+    }
     py::gil_scoped_acquire gil;
     try {
       body();
@@ -139,6 +141,8 @@ class ForeignStore final : public Store {
         throw NetworkError(text);
       }
       throw StoreError(text);
+    } catch (const py::cast_error& error) {  // a value of the wrong type
+      throw StoreError(description_ + "." + method + ": unexpected result: " + error.what());
     }
   }
 

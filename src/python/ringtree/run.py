@@ -90,6 +90,11 @@ _STORE_CHECK_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _EXITED_KEY = "ringtree-run/nodes_exited"
 _FAILED_KEY = "ringtree-run/nodes_failed"
+# Set by node rank 0 before it closes the store on purpose (the exit barrier timed out):
+# the other nodes' watch then does not count the store as lost. It waits this long after
+# setting it, so that every watch (one check a second) sees it.
+_CLOSING_KEY = "ringtree-run/store_closing"
+_CLOSING_NOTICE_S = 2 * _MONITOR_WAKE_S + 0.5
 
 
 def _nproc_per_node(value: str) -> int:
@@ -299,10 +304,13 @@ class _StoreWatch:
         self._host = host
         self._port = port
         self._store = None
+        self._closing = False  # node rank 0 announced that it closes the store
 
     def lost(self) -> str | None:
-        """None while the store answers (or was never reached); once it stops answering,
-        why (the error of the failed check)."""
+        """None while the store answers (or was never reached, or node rank 0 closes it on
+        purpose); once it stops answering, why (the error of the failed check)."""
+        if self._closing:
+            return None
         from datetime import timedelta
 
         from ringtree import TCPStore
@@ -314,7 +322,7 @@ class _StoreWatch:
             except (OSError, RuntimeError):
                 return None  # not up yet: the workers' own rendezvous reports that
         try:
-            self._store.check([_EXITED_KEY])
+            self._closing = self._store.check([_CLOSING_KEY])
         except (OSError, RuntimeError) as exc:
             return str(exc)
         return None
@@ -617,6 +625,8 @@ class _Launcher:
                     f"{others - store.add(_EXITED_KEY, 0)} other node(s) did not report their "
                     f"end within {_EXIT_BARRIER_TIMEOUT_S:.0f} s; closing the store"
                 )
+                store.set(_CLOSING_KEY, b"1")
+                self._wait(_CLOSING_NOTICE_S)
                 return 0
             self._wait(_EXIT_POLL_S)
         failed = store.add(_FAILED_KEY, 0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import selectors
 import signal
 import subprocess
@@ -39,23 +40,29 @@ class Ranks:
         ]
         self.events: list[dict] = [{} for _ in commands]
         self.deadline = deadline
+        self._pending = [b"" for _ in commands]  # bytes read past the last whole line
 
     def wait_for(self, rank: int, events: tuple[str, ...]) -> dict | None:
         """Reads the rank's reports until one of ``events`` (returned), the end of its
         output or the deadline (None)."""
-        proc = self.procs[rank]
+        fd = self.procs[rank].stdout.fileno()  # read directly: select() cannot see a wrapper's buffer
         with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ)
+            selector.register(fd, selectors.EVENT_READ)
             while not any(event in self.events[rank] for event in events):
+                if b"\n" in self._pending[rank]:
+                    line, self._pending[rank] = self._pending[rank].split(b"\n", 1)
+                    text = line.decode(errors="replace")
+                    if text.startswith(PREFIX):
+                        record = json.loads(text[len(PREFIX):])
+                        self.events[rank][record["event"]] = record
+                    continue
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0 or not selector.select(remaining):
                     return None
-                line = proc.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     return None
-                if line.startswith(PREFIX):
-                    record = json.loads(line[len(PREFIX):])
-                    self.events[rank][record["event"]] = record
+                self._pending[rank] += chunk
         return next(self.events[rank][event] for event in events if event in self.events[rank])
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ The backend is a ``torch.distributed.ProcessGroup`` subclass
 native process group: every collective and point-to-point call torch can make runs in
 ringtree's C++ engine, zero-copy, for every dtype and ReduceOp. Nothing here is compiled
 against torch, so one ringtree wheel serves every torch release that keeps the Python
-backend interface (2.11 to 2.14 are tested).
+backend interface (tested: 2.13 and 2.14; the autoload entry point needs 2.5 or later).
 
 This package imports torch; ``import ringtree`` never imports it.
 """

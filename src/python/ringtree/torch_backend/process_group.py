@@ -42,10 +42,14 @@ _live_groups: weakref.WeakSet = weakref.WeakSet()
 
 @atexit.register
 def _abort_live_groups() -> None:
-    """At exit, before the interpreter finalises: aborts every group still running (what
-    it had pending fails; nobody waits for it any more) and joins its threads."""
+    """At exit, before the interpreter finalises: aborts every group not aborted yet (what
+    it had pending fails; nobody waits for it any more) and joins its threads. A group
+    torch shut down is aborted too: shutdown leaves its status thread running."""
     for group in list(_live_groups):
-        group._native.abort()
+        try:
+            group._native.abort()
+        except Exception:  # noqa: BLE001 - the others must still be aborted
+            pass
 
 
 def create_process_group(options: Any, pg_options: Any) -> RingtreeProcessGroup:
@@ -67,8 +71,10 @@ def _refuse_mixed_devices() -> None:
     nothing when that is not where torch 2.x keeps it."""
     import sys
 
-    frame = sys._getframe(2)
-    config = frame.f_locals.get("backend_config")
+    try:
+        config = sys._getframe(2).f_locals.get("backend_config")
+    except ValueError:  # called directly, not by torch: nothing to check
+        return
     device_map = getattr(config, "device_backend_map", None)
     if not isinstance(device_map, dict):
         return
@@ -119,8 +125,8 @@ class RingtreeProcessGroup(dist.ProcessGroup):
             self._native = _C.ProcessGroup.create(_C.ForeignStore(store), rank, size, timeout)
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
-        _C._set_identity(self._native.communicator, group_name, ranks[rank], not global_ranks)
         _live_groups.add(self)
+        _C._set_identity(self._native.communicator, group_name, ranks[rank], not global_ranks)
 
     # --- identity -------------------------------------------------------------------------
 
@@ -165,7 +171,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceOptions() if opts is None else opts
         tensor = _one(tensors, "allreduce")
-        return self._run(opts.asyncOp, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
+        return self._run(getattr(opts, "asyncOp", True), [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
                          typed_future=True)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
@@ -177,7 +183,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.BroadcastOptions() if opts is None else opts
         tensor = _one(tensors, "broadcast")
-        return self._run(opts.asyncOp, [tensor], lambda a: self._native.broadcast(tensor, opts.rootRank, a))
+        return self._run(getattr(opts, "asyncOp", True), [tensor], lambda a: self._native.broadcast(tensor, opts.rootRank, a))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.ReduceOptions() if opts is None else opts
@@ -190,7 +196,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.AllgatherOptions() if opts is None else opts
         tensor = _one(input_tensors, "allgather")
         outputs = _all(_one_list(output_tensors, "allgather"))
-        return self._run(opts.asyncOp, outputs, lambda a: self._native.allgather(outputs, tensor, a))
+        return self._run(getattr(opts, "asyncOp", True), outputs, lambda a: self._native.allgather(outputs, tensor, a))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> RingtreeWork:
@@ -204,7 +210,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
         opts = dist.AllgatherOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(opts.asyncOp, [output], lambda a: self._native.allgather_single(output, input, a))
+        return self._run(getattr(opts, "asyncOp", True), [output], lambda a: self._native.allgather_single(output, input, a))
 
     _allgather_base = all_gather_single
 
@@ -239,13 +245,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         tensor = _one(output_tensors, "reduce_scatter")
         inputs = _all(_one_list(input_tensors, "reduce_scatter"))
-        return self._run(opts.asyncOp, [tensor],
+        return self._run(getattr(opts, "asyncOp", True), [tensor],
                          lambda a: self._native.reduce_scatter(tensor, inputs, opts.reduceOp, a))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
         opts = dist.ReduceScatterOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(opts.asyncOp, [output],
+        return self._run(getattr(opts, "asyncOp", True), [output],
                          lambda a: self._native.reduce_scatter_single(output, input, opts.reduceOp, a))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -254,7 +260,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
                                         opts: Any = None) -> RingtreeWork:
         opts = dist.ReduceScatterOptions() if opts is None else opts
         outputs, inputs = _all(outputs), _all(inputs)
-        return self._run(opts.asyncOp, outputs,
+        return self._run(getattr(opts, "asyncOp", True), outputs,
                          lambda a: self._native.reduce_scatter_single_coalesced(outputs, inputs, opts.reduceOp, a))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -299,7 +305,6 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Runs the queued collectives, then stops the engine (destroy_process_group)."""
         self._native.shutdown()
-        _live_groups.discard(self)
 
     def abort(self) -> None:
         """Fails what runs within about 100 ms and releases connections and shared memory."""

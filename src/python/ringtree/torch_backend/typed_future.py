@@ -44,4 +44,8 @@ def typed_future(native: Any, outputs: List[torch.Tensor]) -> Any:
         _launch = torch.jit.script(_fork)
     key = next(_keys)
     _waited[key] = native
-    return _launch(key, outputs)
+    try:
+        return _launch(key, outputs)
+    except BaseException:
+        _waited.pop(key, None)
+        raise
