@@ -185,7 +185,11 @@ def test_the_ddp_example_gives_the_same_losses_as_gloo():
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(example),
                                "--backend", backend, "--steps", "12", "--width", "64"],
                               capture_output=True, text=True, timeout=120, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        # torch 2.13's gloo aborts at exit after destroy_process_group in about 1 run of 4
+        # here ("terminate called without an active exception"), with ringtree installed
+        # or not (TORCH_DEVICE_BACKEND_AUTOLOAD=0): its exit code is not ringtree's to check.
+        if backend == "ringtree" or "terminate called without an active exception" not in proc.stderr:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
         losses[backend] = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("step")]
-        assert f"{backend}: 2 ranks" in proc.stdout
+        assert f"{backend}: 2 ranks" in proc.stdout, proc.stdout + proc.stderr
     assert len(losses["ringtree"]) == 3 and losses["ringtree"] == losses["gloo"]
