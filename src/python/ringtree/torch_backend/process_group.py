@@ -159,11 +159,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
 
     # --- the calls ------------------------------------------------------------------------
 
-    def _run(self, async_op: bool, outputs: list[torch.Tensor], call: Callable[[bool], Any],
+    def _run(self, opts: Any, outputs: list[torch.Tensor], call: Callable[[bool], Any],
              typed_future: bool = False) -> RingtreeWork:
-        """call(async_op) on the native group: its Work when async_op, else it has run."""
+        """call(async_op) on the native group, async_op being ``opts.asyncOp`` (True for
+        options without the field: torch releases before it, or point-to-point calls,
+        which pass None): its Work when async_op, else it has run."""
         try:
-            native = call(async_op)
+            native = call(getattr(opts, "asyncOp", True))
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
         return RingtreeWork(native, outputs, typed_future)
@@ -171,24 +173,24 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceOptions() if opts is None else opts
         tensor = _one(tensors, "allreduce")
-        return self._run(getattr(opts, "asyncOp", True), [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
+        return self._run(opts, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
                          typed_future=True)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
         tensors = _all(tensors)
-        return self._run(getattr(opts, "asyncOp", True), tensors,
+        return self._run(opts, tensors,
                          lambda a: self._native.allreduce_coalesced(tensors, opts.reduceOp, a), typed_future=True)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.BroadcastOptions() if opts is None else opts
         tensor = _one(tensors, "broadcast")
-        return self._run(getattr(opts, "asyncOp", True), [tensor], lambda a: self._native.broadcast(tensor, opts.rootRank, a))
+        return self._run(opts, [tensor], lambda a: self._native.broadcast(tensor, opts.rootRank, a))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.ReduceOptions() if opts is None else opts
         tensor = _one(tensors, "reduce")
-        return self._run(getattr(opts, "asyncOp", True), [tensor],
+        return self._run(opts, [tensor],
                          lambda a: self._native.reduce(tensor, opts.rootRank, opts.reduceOp, a))
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
@@ -196,7 +198,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.AllgatherOptions() if opts is None else opts
         tensor = _one(input_tensors, "allgather")
         outputs = _all(_one_list(output_tensors, "allgather"))
-        return self._run(getattr(opts, "asyncOp", True), outputs, lambda a: self._native.allgather(outputs, tensor, a))
+        return self._run(opts, outputs, lambda a: self._native.allgather(outputs, tensor, a))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> RingtreeWork:
@@ -204,13 +206,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         outputs = [_all(per_rank) for per_rank in output_lists]
         inputs = _all(input_list)
         flat = [t for per_rank in outputs for t in per_rank]
-        return self._run(getattr(opts, "asyncOp", True), flat,
+        return self._run(opts, flat,
                          lambda a: self._native.allgather_coalesced(outputs, inputs, a))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
         opts = dist.AllgatherOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(getattr(opts, "asyncOp", True), [output], lambda a: self._native.allgather_single(output, input, a))
+        return self._run(opts, [output], lambda a: self._native.allgather_single(output, input, a))
 
     _allgather_base = all_gather_single
 
@@ -218,7 +220,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
                                     opts: Any = None) -> RingtreeWork:
         opts = dist.AllgatherOptions() if opts is None else opts
         outputs, inputs = _all(outputs), _all(inputs)
-        return self._run(getattr(opts, "asyncOp", True), outputs,
+        return self._run(opts, outputs,
                          lambda a: self._native.allgather_single_coalesced(outputs, inputs, a))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -229,7 +231,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         tensor = _one(input_tensors, "gather")
         gather_list = _all(_one_list(output_tensors, "gather")) if output_tensors else None
         outputs = gather_list or []
-        return self._run(getattr(opts, "asyncOp", True), outputs,
+        return self._run(opts, outputs,
                          lambda a: self._native.gather(tensor, gather_list, opts.rootRank, a))
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
@@ -237,7 +239,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.ScatterOptions() if opts is None else opts
         tensor = _one(output_tensors, "scatter")
         scatter_list = _all(_one_list(input_tensors, "scatter")) if input_tensors else None
-        return self._run(getattr(opts, "asyncOp", True), [tensor],
+        return self._run(opts, [tensor],
                          lambda a: self._native.scatter(tensor, scatter_list, opts.rootRank, a))
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
@@ -245,13 +247,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         tensor = _one(output_tensors, "reduce_scatter")
         inputs = _all(_one_list(input_tensors, "reduce_scatter"))
-        return self._run(getattr(opts, "asyncOp", True), [tensor],
+        return self._run(opts, [tensor],
                          lambda a: self._native.reduce_scatter(tensor, inputs, opts.reduceOp, a))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
         opts = dist.ReduceScatterOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(getattr(opts, "asyncOp", True), [output],
+        return self._run(opts, [output],
                          lambda a: self._native.reduce_scatter_single(output, input, opts.reduceOp, a))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -260,7 +262,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
                                         opts: Any = None) -> RingtreeWork:
         opts = dist.ReduceScatterOptions() if opts is None else opts
         outputs, inputs = _all(outputs), _all(inputs)
-        return self._run(getattr(opts, "asyncOp", True), outputs,
+        return self._run(opts, outputs,
                          lambda a: self._native.reduce_scatter_single_coalesced(outputs, inputs, opts.reduceOp, a))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -269,14 +271,14 @@ class RingtreeProcessGroup(dist.ProcessGroup):
                  opts: Any = None) -> RingtreeWork:
         opts = dist.AllToAllOptions() if opts is None else opts
         outputs, inputs = _all(output_tensors), _all(input_tensors)
-        return self._run(getattr(opts, "asyncOp", True), outputs,
+        return self._run(opts, outputs,
                          lambda a: self._native.alltoall(outputs, inputs, a))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
                           input_split_sizes: list[int], opts: Any = None) -> RingtreeWork:
         opts = dist.AllToAllOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(getattr(opts, "asyncOp", True), [output],
+        return self._run(opts, [output],
                          lambda a: self._native.alltoall_single(output, input, output_split_sizes, input_split_sizes, a))
 
     alltoall_base = all_to_all_single
@@ -284,21 +286,21 @@ class RingtreeProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> RingtreeWork:
         opts = dist.BarrierOptions() if opts is None else opts
         timeout = opts.timeout if opts.timeout > timedelta(0) else None
-        return self._run(getattr(opts, "asyncOp", True), [], lambda a: self._native.barrier(timeout, a))
+        return self._run(opts, [], lambda a: self._native.barrier(timeout, a))
 
     # --- point to point (dst, src: group ranks) ---------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> RingtreeWork:
         tensor = _one(tensors, "send")
-        return self._run(True, [tensor], lambda _: self._native.isend(tensor, dst, tag))
+        return self._run(None, [tensor], lambda _: self._native.isend(tensor, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> RingtreeWork:
         tensor = _one(tensors, "recv")
-        return self._run(True, [tensor], lambda _: self._native.irecv(tensor, src, tag))
+        return self._run(None, [tensor], lambda _: self._native.irecv(tensor, src, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> RingtreeWork:
         tensor = _one(tensors, "recv")
-        return self._run(True, [tensor], lambda _: self._native.irecv(tensor, _C.ANY_SOURCE, tag))
+        return self._run(None, [tensor], lambda _: self._native.irecv(tensor, _C.ANY_SOURCE, tag))
 
     # --- life cycle -------------------------------------------------------------------------
 
