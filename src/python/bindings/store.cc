@@ -151,8 +151,9 @@ With world_size > 0 the last of world_size FileStore objects to be destroyed rem
 
 With is_master=True this process also runs the server (on a background thread). port=0
 with is_master=True lets the kernel pick a free port; read it back from .port. token (or
-RINGTREE_STORE_TOKEN) is a shared secret the server requires of every client.
-multi_tenant and use_libuv are accepted for torch compatibility and have no effect.)")
+RINGTREE_STORE_TOKEN) is a shared secret the server requires of every client. The server
+also serves torch's own TCPStore client (torch.distributed.TCPStore, is_master=False) when
+it has no token: torch's client cannot present one. multi_tenant and use_libuv are accepted for torch compatibility and have no effect.)")
       .def(py::init([](const std::string& hostName, int port, std::optional<int> worldSize, bool isMaster,
                        Milliseconds timeout, bool waitForWorkers, bool /*multiTenant*/,
                        std::optional<int> masterListenFd, bool /*useLibuv*/, std::optional<std::string> token) {
