@@ -203,7 +203,8 @@ def test_parse_args_rejects(argv, capsys):
 ENV_NAMES = [
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "RINGTREE_USE_AGENT_STORE", "OMP_NUM_THREADS", "PYTHONUNBUFFERED",
+    "RINGTREE_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
+    "OMP_NUM_THREADS", "PYTHONUNBUFFERED",
 ]  # fmt: skip
 
 ENV_WORKER = f"""
@@ -230,8 +231,8 @@ def test_worker_environment(job, nproc):
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
             LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
             ROLE_NAME="default", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1", RINGTREE_USE_AGENT_STORE="1", OMP_NUM_THREADS="1",
-            PYTHONUNBUFFERED="1",
+            MASTER_ADDR="127.0.0.1", RINGTREE_USE_AGENT_STORE="1", TORCHELASTIC_USE_AGENT_STORE="True",
+            TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
         )  # fmt: skip
         assert report["argv"] == ["--flag", "-x", "value"]
         assert f"stdout of rank {rank}\n" in result.stdout

@@ -95,13 +95,13 @@ def _check_rank(scheme: str, rank: int, world_size: int) -> None:
 def _create_tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Store:
     """Rank 0 hosts the server (other ranks are clients), unless ringtree-run hosts it for
     the whole job (RINGTREE_USE_AGENT_STORE=1): then every rank is a client. Under torchrun
-    (TORCHELASTIC_USE_AGENT_STORE=True) torchrun's agent hosts a torch TCPStore: every
-    rank is a client of it, through torch."""
+    (TORCHELASTIC_USE_AGENT_STORE=True without RINGTREE_USE_AGENT_STORE) torchrun's agent
+    hosts a torch TCPStore: every rank is a client of it, through torch."""
     if not 0 < port < 65536:
         raise ValueError(f"Error initializing ringtree: port must be in [1, 65535], got {port}")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        return _torchrun_agent_store(host, port, timeout)
     use_agent_store = os.environ.get(constants.ENV_USE_AGENT_STORE, "0") == "1"
+    if not use_agent_store and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return _torchrun_agent_store(host, port, timeout)
     is_master = rank == 0 and not use_agent_store and port not in _hosted_servers
     try:
         store = TCPStore(host, port, world_size, is_master, timeout, wait_for_workers=False)

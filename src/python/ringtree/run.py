@@ -9,7 +9,10 @@ Usage mirrors ``torchrun`` (``torch.distributed.run``) with a static rendezvous:
 On node rank 0 the launcher hosts the job's key-value store itself (a ``ringtree.TCPStore``
 server on ``--master-port``, or on a port the kernel picks when none is given, so there is
 no "find a free port" race). Every worker, rank 0 included, is a client of that store:
-``RINGTREE_USE_AGENT_STORE=1`` tells ringtree's ``env://`` rendezvous so. The store lives
+``RINGTREE_USE_AGENT_STORE=1`` tells ringtree's ``env://`` rendezvous so, and
+``TORCHELASTIC_USE_AGENT_STORE=True`` tells torch's (as under torchrun): the store speaks
+torch's TCPStore protocol too, so a program that calls torch's own ``init_process_group``
+(any backend) runs under ``ringtree-run`` unchanged. The store lives
 until every local worker has exited, so no rank loses it because rank 0 finished first.
 Launchers on other nodes host nothing and need ``--master-addr``/``--master-port``; when
 their workers are done (successfully or not) they report it through the store, and the
@@ -19,7 +22,8 @@ every node has reported (at most 5 minutes), then exits with 1 if a node reporte
 Each worker gets a copy of the launcher's environment plus ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_NAME``,
 ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``RINGTREE_USE_AGENT_STORE=1``, and ``OMP_NUM_THREADS=1`` and ``PYTHONUNBUFFERED=1``
+``RINGTREE_USE_AGENT_STORE=1``, ``TORCHELASTIC_USE_AGENT_STORE=True``,
+``TORCHELASTIC_RESTART_COUNT=0``, and ``OMP_NUM_THREADS=1`` and ``PYTHONUNBUFFERED=1``
 unless already set. The global rank is ``node_rank * nproc_per_node + local_rank``.
 
 Workers run in their own process groups. Their stdout and stderr are pipes the launcher
@@ -267,6 +271,10 @@ def _worker_env(args: argparse.Namespace, local_rank: int, master_port: int) -> 
         MASTER_ADDR=args.master_addr,
         MASTER_PORT=str(master_port),
         RINGTREE_USE_AGENT_STORE="1",
+        # What torchrun sets: torch's env:// then connects to the launcher's store (which
+        # also speaks torch's TCPStore protocol) instead of binding MASTER_PORT itself.
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT="0",
     )
     env.setdefault("OMP_NUM_THREADS", "1")
     # The launcher forwards whole lines, so unbuffered output shows at once without mixing.
