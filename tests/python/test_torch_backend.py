@@ -144,6 +144,25 @@ def test_failures_raise_torch_classes_with_ringtree_messages(fault, texts, class
     assert report["seconds"] < limit, report
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_monitored_barrier_called_on_the_group(world_size):
+    results = run_world("torch_backend_workers:monitored_barrier", world_size, port=free_port(), timeout=60)
+    for rank in range(world_size):
+        report = results[rank]["ok"]
+        assert report["passed"]
+        assert report["refused_by_torch"] == "monitored_barrier is only implemented for GLOO backend."
+    last = world_size - 1
+    assert results[0]["ok"]["missing"] == [
+        "DistTimeoutError", f"[Rank 0]: Rank {last} failed to pass monitoredBarrier in 1000 ms"]
+    for rank in range(1, last):
+        assert results[rank]["ok"]["missing"] == [
+            "DistTimeoutError", f"Rank {rank} successfully reached monitoredBarrier, but it failed: "
+            f"[Rank 0]: Rank {last} failed to pass monitoredBarrier in 1000 ms"]
+    assert results[0]["ok"]["own_timeout"] == [
+        "DistTimeoutError",
+        "Rank 0 timed out in monitoredBarrier after 0 ms.\nNo ranks successfully processed in monitoredBarrier."]
+
+
 RINGTREE_PROGRAM = """
 import ringtree, numpy as np
 ringtree.init_process_group("gloo")
@@ -173,6 +192,37 @@ def test_programs_run_under_torchrun(program, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(2):
+        assert (tmp_path / f"result_{rank}").read_text() == "[3.0, 3.0, 3.0, 3.0]"
+
+
+TORCH_PROGRAM_OF_BACKEND = """
+import torch, torch.distributed as dist
+dist.init_process_group(BACKEND)
+t = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+dist.barrier()
+objects = [None, None]
+dist.all_gather_object(objects, {"rank": dist.get_rank()})
+assert objects == [{"rank": 0}, {"rank": 1}], objects
+open(f"{OUT}/result_{dist.get_rank()}", "w").write(repr(t.tolist()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("backend", ["ringtree", "gloo"])
+def test_torch_programs_run_under_ringtree_run(backend, tmp_path):
+    """ringtree-run's store speaks torch's TCPStore protocol and the launcher sets
+    TORCHELASTIC_USE_AGENT_STORE, so torch's env:// connects to it (any backend) instead of
+    binding MASTER_PORT, which the launcher holds."""
+    script = tmp_path / "program.py"
+    script.write_text(f"OUT = {str(tmp_path)!r}\nBACKEND = {backend!r}\n" + TORCH_PROGRAM_OF_BACKEND)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    proc = subprocess.run([sys.executable, "-m", "ringtree.run", "--nproc-per-node", "2", str(script)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    # torch 2.13's gloo aborts at exit in about 1 run of 4 (see the DDP example's test).
+    if backend == "ringtree" or "terminate called without an active exception" not in proc.stderr:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in range(2):
         assert (tmp_path / f"result_{rank}").read_text() == "[3.0, 3.0, 3.0, 3.0]"
 

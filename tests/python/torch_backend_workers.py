@@ -92,3 +92,31 @@ def failure(rank: int, world_size: int, port: int, fault: str) -> dict:
             },
         }
     return {"seconds": time.monotonic() - start, "message": None, "classes": {}}
+
+
+def monitored_barrier(rank: int, world_size: int, port: int) -> dict:
+    """group.monitored_barrier() on the ringtree group: passes when every rank comes; then
+    the last rank stays away and rank 0 names it; timeout 0 is rank 0's own timeout."""
+    dist.init_process_group("ringtree", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=TIMEOUT)
+    group = dist.group.WORLD
+    group.monitored_barrier(timedelta(seconds=10))
+    result = {"passed": True, "refused_by_torch": None, "missing": None, "own_timeout": None}
+    try:
+        dist.monitored_barrier()
+    except ValueError as error:
+        result["refused_by_torch"] = str(error)
+    if rank == 0:
+        for key, timeout in (("missing", timedelta(seconds=1)), ("own_timeout", timedelta(0))):
+            try:
+                group.monitored_barrier(timeout)
+            except RuntimeError as error:
+                result[key] = [type(error).__name__, str(error)]
+    elif rank != world_size - 1:
+        try:
+            group.monitored_barrier(timedelta(seconds=10))
+        except RuntimeError as error:
+            result["missing"] = [type(error).__name__, str(error)]
+    dist.barrier()
+    dist.destroy_process_group()
+    return result

@@ -13,6 +13,7 @@ from ._C import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._C import __version__ as __version__
 from . import _reduce_op, backend as _backend, collectives as _collectives, diagnostics as _diagnostics
 from . import errors as _errors, gather_scatter as _gather_scatter, groups as _groups
+from . import monitored_barrier as _monitored_barrier
 from . import object_collectives as _object_collectives, p2p as _p2p, process_group as _process_group
 from . import rendezvous as _rendezvous
 from ._reduce_op import *  # noqa: F403 - each module's __all__ is the package's API
@@ -25,6 +26,7 @@ from .gather_scatter import *  # noqa: F403
 from .gather_scatter import _all_gather_base as _all_gather_base
 from .gather_scatter import _reduce_scatter_base as _reduce_scatter_base
 from .groups import *  # noqa: F403
+from .monitored_barrier import *  # noqa: F403
 from .object_collectives import *  # noqa: F403
 from .p2p import *  # noqa: F403
 from .process_group import *  # noqa: F403
@@ -39,6 +41,7 @@ __all__ += _diagnostics.__all__
 __all__ += _errors.__all__
 __all__ += _gather_scatter.__all__
 __all__ += _groups.__all__
+__all__ += _monitored_barrier.__all__
 __all__ += _object_collectives.__all__
 __all__ += _p2p.__all__
 __all__ += _process_group.__all__

@@ -1,5 +1,5 @@
-"""Process groups beyond the world: new_group, new_subgroups, split_group, rank translation,
-and monitored_barrier.
+"""Process groups beyond the world: new_group, new_subgroups, split_group and rank
+translation (monitored_barrier is in monitored_barrier.py).
 
 Semantics are torch.distributed 2.13's. A group is a subset of the world's ranks with its
 own group ranks (0..size-1, in the order of its ``ranks``), its own keys in the job's store
@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
-import warnings
 import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from . import constants
-from ._resolve import check_registered, default_group, member_group, registered, resolve
+from ._resolve import check_registered, default_group, registered, resolve
 from ._world import world
 from .backend import Backend, BackendConfig, parse_backend
-from .errors import DistBackendError, DistStoreError, DistTimeoutError
 from .process_group import GroupMember, ProcessGroup, _check_device_id, _check_timeout, _create_group, _store_barrier
 
 __all__ = [
@@ -43,7 +40,6 @@ __all__ = [
     "get_group_rank",
     "get_pg_count",
     "get_process_group_ranks",
-    "monitored_barrier",
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
@@ -63,15 +59,10 @@ class _GroupState:
     #: Calls of split_group on the group (each member of the group counts every call);
     #: part of the names of the groups they create.
     split_count: int = 0
-    #: Calls of monitored_barrier on the group; numbers their store keys.
-    monitored_barrier_count: int = 0
-    #: On rank 0, the store keys of earlier monitored barriers that can only be deleted
-    #: once a later one has passed.
-    monitored_barrier_stale_keys: list[str] = field(default_factory=list)
 
 
-# The state of each group that split_group or monitored_barrier was called on: written and
-# read by those two functions only; an entry goes away with its group.
+# The state of each group that split_group was called on: written and read by it only; an
+# entry goes away with its group.
 _group_states: weakref.WeakKeyDictionary[ProcessGroup, _GroupState] = weakref.WeakKeyDictionary()
 
 
@@ -382,157 +373,3 @@ def _split_backend(parent: ProcessGroup, backend: str) -> str:
                 f"'{name}'. Backend names must match exactly when filtering split_group backends."
             )
     return requested
-
-
-# --- monitored_barrier --------------------------------------------------------------------
-#
-# Runs over the group's store, not its engine, so that it names a rank stuck anywhere (in
-# a collective included). Barrier number k of a group uses the keys
-#   ringtree/monitored_barrier/<k>/arrived/<rank>   set by each rank when it arrives
-#   ringtree/monitored_barrier/<k>/verdict          b"ok", or why the barrier failed
-# Rank 0 waits for the others' arrivals until its deadline, then writes the verdict; the
-# others wait for the verdict. The verdict is written with compare_set, so the first writer
-# wins: a rank that gives up waiting for rank 0 writes its own failure, and rank 0,
-# arriving later, fails with it instead of passing alone. A rank only gives up when rank 0
-# has not arrived; if rank 0 is there, it is waiting for someone and its verdict is due by
-# its own deadline, so the rank waits for that (one more timeout at most) and reports it.
-# Rank 0 deletes its own and the arrival keys it saw at once, and the verdicts (and
-# arrival keys of ranks that came late) of earlier barriers once a later barrier has
-# passed: every rank has read them by then.
-
-_MONITORED_BARRIER_PREFIX = "ringtree/monitored_barrier"
-_PASSED = b"ok"
-
-
-def monitored_barrier(
-    group: ProcessGroup | None = None,
-    timeout: timedelta | None = None,
-    wait_all_ranks: bool = False,
-) -> None:
-    """A barrier that names the ranks that did not reach it in time (torch's gloo semantics).
-
-    Every rank but 0 reports its arrival to rank 0 and waits to be released; rank 0 waits
-    for every other rank until ``timeout`` has passed since it arrived, then releases them
-    or fails. Works over the group's store, so it also names ranks stuck outside ringtree.
-
-    Args:
-        group: The group (default: the world); a group this rank is not in: warning, no-op.
-        timeout: Deadline (default 30 minutes, not the group's timeout). A float is taken
-            as seconds, with a warning.
-        wait_all_ranks: False: rank 0 fails at the first rank (in rank order) that has not
-            arrived by the deadline. True: it names every such rank.
-
-    Raises:
-        DistTimeoutError (a RuntimeError): on rank 0, "[Rank 0]: Rank 1 failed to pass
-            monitoredBarrier in 5000 ms" or, with ``wait_all_ranks``, "[Rank 0]: Ranks 1, 3
-            failed to pass monitoredBarrier in 5000 ms"; on the others, "Rank 2 successfully
-            reached monitoredBarrier, but ..." with rank 0's verdict, or saying that rank 0
-            did not release it in time.
-        ValueError: the group's backend is not "gloo" (as torch); TypeError for a timeout
-            that is not a timedelta; DistBackendError for a destroyed group.
-    """
-    pg = member_group(group, "monitored_barrier")
-    if pg is None:
-        return
-    if pg.name() != Backend.GLOO:
-        raise ValueError("monitored_barrier is only implemented for GLOO backend.")
-    if timeout is None:
-        timeout = constants.default_pg_timeout
-    elif isinstance(timeout, float):
-        warnings.warn(
-            "Please specify timeout arg as a timedelta. "
-            f"Converting current value of {timeout} assuming it represents seconds",
-            stacklevel=2,
-        )
-        timeout = timedelta(seconds=timeout)
-    timeout = _check_timeout(timeout)
-    if not registered(pg):
-        raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}, which has been destroyed")
-    state = _state(pg)
-    state.monitored_barrier_count += 1
-    prefix = f"{_MONITORED_BARRIER_PREFIX}/{state.monitored_barrier_count}"
-    if pg.size() == 1:
-        return
-    if pg.rank() == 0:
-        _monitored_barrier_root(pg, prefix, timeout, wait_all_ranks)
-    else:
-        _monitored_barrier_member(pg, prefix, timeout)
-
-
-def _wait_for_key(store, key: str, timeout: timedelta) -> bool:
-    """Whether ``key`` was set within ``timeout``."""
-    try:
-        store.wait([key], timeout)
-    except DistStoreError:
-        return False
-    return True
-
-
-def _milliseconds(timeout: timedelta) -> int:
-    return int(timeout / timedelta(milliseconds=1))
-
-
-def _monitored_barrier_root(pg: ProcessGroup, prefix: str, timeout: timedelta, wait_all_ranks: bool) -> None:
-    store = pg.store
-    deadline = time.monotonic() + timeout.total_seconds()
-    store.set(f"{prefix}/arrived/0", b"1")
-    seen: list[int] = []
-    missing: list[int] = []
-    for peer in range(1, pg.size()):
-        key = f"{prefix}/arrived/{peer}"
-        remaining = deadline - time.monotonic()
-        arrived = _wait_for_key(store, key, timedelta(seconds=remaining)) if remaining > 0 else store.check([key])
-        (seen if arrived else missing).append(peer)
-        if missing and not wait_all_ranks:
-            break
-    failure = None
-    if missing:
-        who = f"Rank {missing[0]}" if len(missing) == 1 else "Ranks " + ", ".join(map(str, missing))
-        failure = f"[Rank 0]: {who} failed to pass monitoredBarrier in {_milliseconds(timeout)} ms"
-    verdict = store.compare_set(f"{prefix}/verdict", "", failure or _PASSED)
-    store.delete_key(f"{prefix}/arrived/0")
-    passed = verdict == _PASSED
-    # The verdict, and the arrival keys of ranks not seen yet (they may still come), are
-    # kept until a later barrier passes; earlier ones go now if this one passed.
-    stale = _state(pg).monitored_barrier_stale_keys
-    if passed:
-        for key in stale:
-            store.delete_key(key)
-        stale.clear()
-    stale.append(f"{prefix}/verdict")
-    for peer in range(1, pg.size()):
-        key = f"{prefix}/arrived/{peer}"
-        if peer in seen:
-            store.delete_key(key)
-        else:
-            stale.append(key)
-    if failure is not None:
-        raise DistTimeoutError(failure)
-    if not passed:
-        raise DistTimeoutError(
-            f"[Rank 0]: monitoredBarrier of group {pg.group_name!r} failed before rank 0 arrived: {verdict.decode()}"
-        )
-
-
-def _monitored_barrier_member(pg: ProcessGroup, prefix: str, timeout: timedelta) -> None:
-    store, rank = pg.store, pg.rank()
-    verdict_key = f"{prefix}/verdict"
-    store.set(f"{prefix}/arrived/{rank}", b"1")
-    gave_up = None
-    if not _wait_for_key(store, verdict_key, timeout):
-        if not store.check([f"{prefix}/arrived/0"]):
-            gave_up = f"rank 0 did not release it within {_milliseconds(timeout)} ms"
-        elif not _wait_for_key(store, verdict_key, timeout):
-            gave_up = f"rank 0 reached it but gave no verdict within {2 * _milliseconds(timeout)} ms"
-    if gave_up is not None:
-        gave_up = (
-            f"Rank {rank} successfully reached monitoredBarrier, but {gave_up}. "
-            "Please check rank 0 logs for faulty rank."
-        )
-        if store.compare_set(verdict_key, "", gave_up) == gave_up.encode():
-            raise DistTimeoutError(gave_up)
-    verdict = store.get(verdict_key)
-    if verdict != _PASSED:
-        raise DistTimeoutError(
-            f"Rank {rank} successfully reached monitoredBarrier, but it failed: {verdict.decode()}"
-        )

@@ -11,9 +11,9 @@ released); the others are queued to the group's engine thread, in submission ord
 
 Methods are named as torch's Python ProcessGroup trampoline looks them up, so that torch's
 C++ callers (DDP's reducer, functional collectives, DTensor, FSDP2) reach them as well as
-``torch.distributed``'s Python functions. Not served: ``monitored_barrier`` (torch allows
-it for its gloo backend only) and per-call timeouts of collectives other than barrier
-(the group's timeout applies).
+``torch.distributed``'s Python functions. ``monitored_barrier`` is served when called on
+the group (torch's ``dist.monitored_barrier`` allows only its gloo backend). Not served:
+per-call timeouts of collectives other than barrier (the group's timeout applies).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from ..monitored_barrier import MonitoredBarrier, barrier_timeout
 from .errors import torch_error
+from .sparse import sparse_all_reduce
 from .work import RingtreeWork
 
 __all__ = ["RingtreeProcessGroup", "create_process_group"]
@@ -101,7 +103,10 @@ def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
 
 def _usable(tensor: torch.Tensor) -> torch.Tensor:
     """tensor itself, or a detached view of it (same memory) when it requires grad, as
-    torch's backends accept parameters."""
+    torch's backends accept parameters. ValueError for a tensor that is not strided."""
+    if tensor.layout != torch.strided:
+        raise ValueError(f"ringtree takes strided tensors, got one of layout {tensor.layout} (sparse COO tensors: "
+                         f"all_reduce with SUM only)")
     return tensor.detach() if tensor.requires_grad else tensor
 
 
@@ -121,8 +126,10 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         self._group_desc = "undefined"
         self._timeout = timeout
         ranks = global_ranks or list(range(size))
+        native_store = _C.ForeignStore(store)
+        self._monitored_barrier = MonitoredBarrier(native_store, rank, size, group_name)
         try:
-            self._native = _C.ProcessGroup.create(_C.ForeignStore(store), rank, size, timeout)
+            self._native = _C.ProcessGroup.create(native_store, rank, size, timeout)
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
         _live_groups.add(self)
@@ -172,6 +179,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceOptions() if opts is None else opts
+        if len(tensors) == 1 and tensors[0].is_sparse:
+            # On the calling thread also when async: the work returned has completed.
+            try:
+                sparse_all_reduce(self._native, tensors[0], opts.reduceOp)
+            except Exception as error:  # noqa: BLE001 - re-raised as torch's class
+                raise torch_error(error) from None
+            return RingtreeWork(None, tensors)
         tensor = _one(tensors, "allreduce")
         return self._run(opts, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
                          typed_future=True)
@@ -287,6 +301,18 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.BarrierOptions() if opts is None else opts
         timeout = opts.timeout if opts.timeout > timedelta(0) else None
         return self._run(opts, [], lambda a: self._native.barrier(timeout, a))
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """``ringtree.monitored_barrier`` on this group, over its store: names the ranks that
+        did not arrive in time. Reached by ``group.monitored_barrier(timeout)``; torch's
+        ``dist.monitored_barrier`` refuses every backend but gloo by name before calling it.
+        No timeout, or torch's unset (negative) one: the group's timeout."""
+        if timeout is None or (isinstance(timeout, timedelta) and timeout < timedelta(0)):
+            timeout = self._timeout
+        try:
+            self._monitored_barrier.run(barrier_timeout(timeout, self._timeout), wait_all_ranks)
+        except Exception as error:  # noqa: BLE001 - re-raised as torch's class
+            raise torch_error(error) from None
 
     # --- point to point (dst, src: group ranks) ---------------------------------------------
 
