@@ -163,6 +163,20 @@ def test_monitored_barrier_called_on_the_group(world_size):
         "Rank 0 timed out in monitoredBarrier after 0 ms.\nNo ranks successfully processed in monitoredBarrier."]
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sparse_all_reduce_matches_gloo(world_size):
+    got = {backend: run_world("torch_backend_workers:sparse_all_reduce", world_size, port=free_port(),
+                              backend=backend, timeout=60)
+           for backend in ("ringtree", "gloo")}
+    for rank in range(world_size):
+        ringtree, gloo = got["ringtree"][rank]["ok"], got["gloo"][rank]["ok"]
+        assert ringtree["dense"] == gloo["dense"] == got["ringtree"][0]["ok"]["dense"]
+        assert ringtree["async"] == gloo["async"]
+        assert "sparse tensors are reduced with SUM only" in ringtree["max"]
+        assert "strided" in ringtree["broadcast"]
+    assert "rank 0 gave shape (4,)" in got["ringtree"][1]["ok"]["shapes"]
+
+
 RINGTREE_PROGRAM = """
 import ringtree, numpy as np
 ringtree.init_process_group("gloo")

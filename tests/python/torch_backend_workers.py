@@ -120,3 +120,38 @@ def monitored_barrier(rank: int, world_size: int, port: int) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     return result
+
+
+def sparse_all_reduce(rank: int, world_size: int, port: int, backend: str) -> dict:
+    """Sparse COO all_reduce: overlapping indices, a dense dimension, a rank with no
+    non-zeros, async; then the errors (an op other than SUM, shapes that differ)."""
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=TIMEOUT)
+    results = {}
+    indices = torch.tensor([[rank, 3, 5][: 3 - rank % 3], [0, 1, 2][: 3 - rank % 3]])
+    values = torch.arange(1.0, 1.0 + indices.shape[1] * 2).reshape(-1, 2) * (rank + 1)
+    t = torch.sparse_coo_tensor(indices, values, (6, 4, 2))
+    dist.all_reduce(t)
+    results["dense"] = t.to_dense().tolist()
+    empty = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0), (5,))
+    mine = empty if rank == 0 else torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.tensor([2.0]), (5,))
+    work = dist.all_reduce(mine, async_op=True)
+    work.wait()
+    results["async"] = mine.to_dense().tolist()
+    if backend == "ringtree":
+        try:
+            dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,)), dist.ReduceOp.MAX)
+        except ValueError as error:
+            results["max"] = str(error)
+        shape = (4,) if rank == 0 else (5,)
+        try:
+            dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), shape))
+        except ValueError as error:
+            results["shapes"] = str(error)
+        try:
+            dist.broadcast(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,)), 0)
+        except ValueError as error:
+            results["broadcast"] = str(error)
+    dist.barrier()
+    dist.destroy_process_group()
+    return results
