@@ -132,6 +132,26 @@ def _funcol(rank: int, world_size: int) -> dict[str, list[float]]:
             for name, t in out.items()}
 
 
+def _funcol_compiled(rank: int, world_size: int) -> list[float]:
+    """Functional collectives inside a function torch.compile traces as one graph
+    (fullgraph=True; the aot_eager backend: dynamo and AOT autograd trace the collectives,
+    nothing is compiled to C++, which would take ~35 s a rank here)."""
+    import torch._dynamo
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+
+    def step(x):
+        y = funcol.all_reduce(x * 2, "sum", group)
+        z = funcol.all_gather_tensor(y + 1, 0, group)
+        w = funcol.reduce_scatter_tensor(z.repeat(world_size), "avg", 0, group)
+        return funcol.wait_tensor(w) if hasattr(funcol, "wait_tensor") else w
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    return compiled(torch.arange(4.0) + rank).tolist()
+
+
 def _dtensor(rank: int, world_size: int) -> dict[str, list[float]]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -176,7 +196,7 @@ def _objects(rank: int, world_size: int) -> dict:
     return {"gathered": gathered, "broadcast": objects}
 
 
-HIGHER_LAYER_CASES = {"funcol": _funcol, "objects": _objects, "fsdp2": _fsdp2}
+HIGHER_LAYER_CASES = {"funcol": _funcol, "funcol_compiled": _funcol_compiled, "objects": _objects, "fsdp2": _fsdp2}
 
 
 def higher_layers(rank: int, world_size: int, ports: dict[str, int]) -> dict:
