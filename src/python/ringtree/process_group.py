@@ -18,6 +18,7 @@ from ._resolve import NON_GROUP_MEMBER, default_group, joined_group, rank_not_in
 from ._world import world
 from .backend import Backend, BackendConfig, parse_backend, registered_plugin, unavailable_reason
 from .errors import DistBackendError, DistStoreError
+from .launch_env import local_rank
 from .rendezvous import rendezvous
 
 __all__ = [
@@ -307,10 +308,12 @@ def get_backend_config(group: ProcessGroup | None = None) -> str:
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
-    """LOCAL_RANK from the environment, else ``fallback_rank``, else RuntimeError."""
-    value = os.environ.get(constants.ENV_LOCAL_RANK)
+    """LOCAL_RANK from the environment, else the launcher's (mpirun's
+    OMPI_COMM_WORLD_LOCAL_RANK, Hydra's MPI_LOCALRANKID, srun's SLURM_LOCALID), else
+    ``fallback_rank``, else RuntimeError."""
+    value = local_rank()
     if value is not None:
-        return int(value)
+        return value
     if fallback_rank is not None:
         return int(fallback_rank)
     raise RuntimeError(

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
 
 from . import constants
+from .launch_env import find_launch
 from ._C import FileStore, ForeignStore, Store, TCPStore
 from .errors import DistNetworkError
 
@@ -152,27 +153,40 @@ def _tcp_rendezvous_handler(url: str, timeout: timedelta = constants.default_pg_
 
 
 def _env_rendezvous_handler(url: str, timeout: timedelta = constants.default_pg_timeout, **kwargs: Any) -> RendezvousResult:
+    """RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the URL's query or the
+    environment; under mpirun or srun without them, from the launcher's variables
+    (launch_env.py has the precedence)."""
     query = _query_dict(urlparse(url).query)
+    launch = find_launch()
+    found = {"rank": launch.rank, "world_size": launch.world_size, "master_addr": launch.master_addr,
+             "master_port": launch.master_port}
+    hints = {
+        "rank": " (nor a launcher's OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
+        "world_size": "",
+        "master_addr": " (under mpirun with ranks on several hosts, set it to rank 0's host)",
+        "master_port": "",
+    }
+    env_names = {"rank": constants.ENV_RANK, "world_size": constants.ENV_WORLD_SIZE,
+                 "master_addr": constants.ENV_MASTER_ADDR, "master_port": constants.ENV_MASTER_PORT}
 
-    def setting(name: str, env_name: str) -> str:
+    def setting(name: str) -> tuple[str, str]:
         if name in query:
-            return query[name]
-        value = os.environ.get(env_name)
-        if value is None or value == "":
-            raise _error("env", f"environment variable {env_name} expected, but not set")
-        return value
+            return query[name], f"the URL's {name}"
+        if found[name] is None:
+            raise _error("env", f"environment variable {env_names[name]} expected, but not set{hints[name]}")
+        return found[name]
 
-    def integer(name: str, env_name: str) -> int:
-        value = setting(name, env_name)
+    def integer(name: str) -> int:
+        value, source = setting(name)
         try:
             return int(value)
         except ValueError:
-            raise _error("env", f"{env_name} must be an integer, got {value!r}") from None
+            raise _error("env", f"{source} must be an integer, got {value!r}") from None
 
-    rank = integer("rank", constants.ENV_RANK)
-    world_size = integer("world_size", constants.ENV_WORLD_SIZE)
-    master_addr = setting("master_addr", constants.ENV_MASTER_ADDR)
-    master_port = integer("master_port", constants.ENV_MASTER_PORT)
+    rank = integer("rank")
+    world_size = integer("world_size")
+    master_addr = setting("master_addr")[0]
+    master_port = integer("master_port")
     _check_rank("env", rank, world_size)
     store = _create_tcp_store(master_addr, master_port, rank, world_size, timeout)
     yield (store, rank, world_size)
