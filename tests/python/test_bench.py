@@ -572,9 +572,12 @@ def test_rendezvous_faults_table():
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch")
-def test_ddp_step_table():
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_ddp_step_table(bucket_view):
     """A small model end to end: both backends measured, one row each."""
-    proc = _bench("ddp-step", "--rounds", "1", "--steps", "2", "--width", "64", "--layers", "2", timeout=240)
+    extra = ["--gradient-as-bucket-view"] if bucket_view else []
+    proc = _bench("ddp-step", "--rounds", "1", "--steps", "2", "--width", "64", "--layers", "2", *extra, timeout=240)
+    assert f"gradient_as_bucket_view={bucket_view}" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {line.split(" | ")[0].strip("| "): line for line in proc.stdout.splitlines() if line.startswith("| ")}
     assert set(rows) >= {"ringtree", "gloo"}, proc.stdout

@@ -17,8 +17,12 @@ to round), ``--nproc`` ranks per job on this host, started by this process and m
 over ``tcp://`` (rank 0 hosts torch's TCPStore). The table gives the median over rounds of
 each job's medians.
 
+``--gradient-as-bucket-view`` gives both DDPs ``gradient_as_bucket_view=True``: the
+gradients are views into the buckets, so DDP copies nothing, and what is left of a step
+besides the compute is the communication.
+
 Usage: ``ringtree-bench ddp-step [--nproc 2] [--rounds 3] [--steps 20] [--width 2048]
-[--layers 6] [--batch 8]`` (needs torch).
+[--layers 6] [--batch 8] [--gradient-as-bucket-view]`` (needs torch).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def _worker(backend: str, rank: int, world_size: int, ports: list[int], options:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    steps, width, layers, batch = options
+    steps, width, layers, batch, bucket_view = options
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world_size,
                             timeout=timedelta(minutes=5))
@@ -85,9 +89,9 @@ def _worker(backend: str, rank: int, world_size: int, ports: list[int], options:
         module(inputs).square().mean().backward()
         optimizer.step()
 
-    silent = DDP(copy.deepcopy(model))
+    silent = DDP(copy.deepcopy(model), gradient_as_bucket_view=bool(bucket_view))
     silent.register_comm_hook(None, _no_communication)
-    ddp = DDP(model)
+    ddp = DDP(model, gradient_as_bucket_view=bool(bucket_view))
     ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     for _ in range(WARMUP):
         train(ddp, ddp_optimizer)
@@ -135,7 +139,7 @@ def _run_job(backend: str, args: argparse.Namespace) -> dict:
     """One job; rank 0's report (the slowest rank sets DDP's pace, and they wait for each
     other every bucket, so rank 0's step time is the job's)."""
     ports = f"{_free_port()},{_free_port()}"
-    options = f"{args.steps},{args.width},{args.layers},{args.batch}"
+    options = f"{args.steps},{args.width},{args.layers},{args.batch},{int(args.gradient_as_bucket_view)}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     commands = [[*_WORKER, backend, str(rank), str(args.nproc), ports, options] for rank in range(args.nproc)]
@@ -164,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--batch", type=int, default=8, help="samples per rank and step (default 8)")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DDP(gradient_as_bucket_view=True): gradients live in the buckets, no copies")
     args = parser.parse_args(argv)
     import ringtree
     import torch
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DDP, {args.nproc} ranks on one host, {date.today().isoformat()}, {os.cpu_count()} CPUs "
           f"({platform.machine()}), ringtree {ringtree.__version__}, torch {torch.__version__}; "
           f"{parameters / 1e6:.1f} M parameters ({args.layers} x Linear({args.width}, {args.width})), batch "
-          f"{args.batch} per rank, {args.steps} timed steps per job, median of {args.rounds} rounds.\n")
+          f"{args.batch} per rank, gradient_as_bucket_view={args.gradient_as_bucket_view}, {args.steps} timed steps "
+          f"per job, median of {args.rounds} rounds.\n")
     print("| backend | step (ms) | compute alone (ms) | DDP without communication (ms) | communication share "
           "| 25 MiB all_reduce via torch (ms) | same via ringtree's API (ms) |")
     print("|---|---|---|---|---|---|---|")
