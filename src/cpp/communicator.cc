@@ -84,15 +84,37 @@ std::string fileNamePart(const std::string& name) {
 
 }  // namespace
 
+HostLayout HostLayout::of(int rank, std::vector<int> hostOf) {
+  HostLayout layout;
+  const int me = hostOf.at(static_cast<size_t>(rank));
+  layout.hosts = *std::max_element(hostOf.begin(), hostOf.end()) + 1;
+  std::vector<std::vector<int>> ranksOf(static_cast<size_t>(layout.hosts));
+  for (size_t r = 0; r < hostOf.size(); ++r) ranksOf[static_cast<size_t>(hostOf[r])].push_back(static_cast<int>(r));
+  const size_t local = ranksOf[static_cast<size_t>(me)].size();
+  layout.uniform = layout.hosts >= 2 && local >= 2 &&
+                   std::all_of(ranksOf.begin(), ranksOf.end(), [&](const auto& ranks) { return ranks.size() == local; });
+  layout.localRanks = ranksOf[static_cast<size_t>(me)];
+  layout.localIndex = static_cast<int>(std::find(layout.localRanks.begin(), layout.localRanks.end(), rank) -
+                                       layout.localRanks.begin());
+  if (layout.uniform) {
+    for (const auto& ranks : ranksOf) layout.peersAcross.push_back(ranks[static_cast<size_t>(layout.localIndex)]);
+    layout.acrossIndex = me;
+  }
+  layout.hostOf = std::move(hostOf);
+  return layout;
+}
+
 CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                                    std::vector<std::unique_ptr<transport::Pair>> pairs,
                                    std::shared_ptr<arena::NodeArena> arena,
-                                   size_t flightRecorderEntries, std::shared_ptr<Store> statusStore)
+                                   size_t flightRecorderEntries, std::shared_ptr<Store> statusStore,
+                                   std::vector<int> hostOf)
     : rank_(rank),
       size_(size),
       timeout_(timeout),
       pairs_(std::move(pairs)),
       arena_(std::move(arena)),
+      hosts_(HostLayout::of(rank, hostOf.empty() ? std::vector<int>(static_cast<size_t>(size), 0) : std::move(hostOf))),
       recorder_(flightRecorderEntries),
       statusStore_(std::move(statusStore)),
       abortEvent_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
@@ -262,7 +284,8 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   const rendezvous::ConnectOptions connectOptions = rendezvous::connectOptionsFrom(options);
   const size_t flightRecorderEntries = env::flightRecorderEntries();
   std::shared_ptr<arena::NodeArena> arena;
-  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions, &arena);
+  std::vector<int> hostOf;
+  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions, &arena, &hostOf);
   // Status publishing serves the timeout text of communicators without a node arena (the
   // arena carries the same information). Its store connection is made now, while the
   // store is known to answer (a clone made later could wait out the store's timeout for
@@ -278,7 +301,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   }
   auto impl = std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs),
                                                          std::move(arena), flightRecorderEntries,
-                                                         std::move(statusStore));
+                                                         std::move(statusStore), std::move(hostOf));
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 

@@ -63,6 +63,23 @@ struct StallCheck {
   void* context = nullptr;
 };
 
+// Where the ranks of a communicator run, from the rendezvous records (see
+// rendezvous::connectFullMesh): the same on every rank.
+struct HostLayout {
+  std::vector<int> hostOf;  // host index of each rank (hosts in the order of their lowest rank)
+  int hosts = 1;
+  // Several hosts with the same number (2 or more) of ranks on each: what the
+  // hierarchical algorithms need. The fields below are meaningful only then.
+  bool uniform = false;
+  std::vector<int> localRanks;   // the ranks on this rank's host, ascending
+  int localIndex = 0;            // this rank's position in localRanks
+  std::vector<int> peersAcross;  // for each host, its rank at this rank's localIndex
+  int acrossIndex = 0;           // this rank's host index (its position in peersAcross)
+
+  // The layout of `rank` given every rank's host index.
+  static HostLayout of(int rank, std::vector<int> hostOf);
+};
+
 // What algorithms see of a communicator: the pairs to each peer, a way to wait on
 // several of them at once, shared scratch space, and the diagnostics (flight recorder,
 // status publishing, abort). Owned by Communicator.
@@ -71,11 +88,11 @@ class CommunicatorImpl {
   // flightRecorderEntries: how many calls the flight recorder keeps. statusStore: a store
   // no one else uses (a clone) through which this rank publishes its status
   // (diagnostics::StatusPublisher) once it starts its first collective; null: none is
-  // published.
+  // published. hostOf: every rank's host index (empty: all on one host).
   CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                    std::vector<std::unique_ptr<transport::Pair>> pairs,
                    std::shared_ptr<arena::NodeArena> arena, size_t flightRecorderEntries,
-                   std::shared_ptr<Store> statusStore);
+                   std::shared_ptr<Store> statusStore, std::vector<int> hostOf = {});
   ~CommunicatorImpl();
 
   int rank() const { return rank_; }
@@ -136,6 +153,13 @@ class CommunicatorImpl {
   // enabled; nullptr otherwise.
   arena::NodeArena* arena() { return arena_.get(); }
 
+  // Which host each rank runs on.
+  const HostLayout& hosts() const { return hosts_; }
+  // For tests of the algorithms on one machine: makes this rank's algorithms treat the
+  // ranks as running on the hosts `hostOf` names (the transports stay what they are).
+  // Every rank must assume the same map, before its first collective.
+  void assumeHosts(std::vector<int> hostOf) { hosts_ = HostLayout::of(rank_, std::move(hostOf)); }
+
   // Sequence number of the next collective call (the same on every rank when they call
   // the same collectives in the same order).
   uint64_t nextSequence() { return ++sequence_; }
@@ -186,6 +210,7 @@ class CommunicatorImpl {
   // shared_ptr: its deleter is bound where the arena is made, so this header and
   // communicator.cc need not see NodeArena's definition.
   std::shared_ptr<arena::NodeArena> arena_;
+  HostLayout hosts_;
   uint64_t sequence_ = 0;
   std::unique_ptr<char, FreeDeleter> scratch_;
   size_t scratchBytes_ = 0;

@@ -24,9 +24,14 @@ def _data(rank: int, count: int, dtype=np.float32) -> np.ndarray:
     return ((np.arange(count) % 997) + 3 * rank).astype(dtype)
 
 
-def collectives(rank: int, size: int) -> dict:
+def collectives(rank: int, size: int, algorithm: str | None) -> dict:
     results: dict[str, list] = {}
     for count in (5, 1 << 20):
+        if algorithm is not None:
+            # Under the given algorithm too (the reference runs the automatic choice).
+            a = _data(rank, count + 3)
+            dist.all_reduce(a, algorithm=algorithm)
+            results[f"all_reduce_sum_{count}_chosen"] = a[:8].tolist() + [float(a.sum())]
         tag = f"{count}"
         a = _data(rank, count)
         dist.all_reduce(a)
@@ -73,6 +78,7 @@ def main() -> int:
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--loop", action="store_true")
     parser.add_argument("--timeout", type=float, default=60)
+    parser.add_argument("--algorithm", help="also all_reduce with this algorithm (results stored apart)")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -91,7 +97,7 @@ def main() -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
                 dist.all_reduce(a)
                 dist.barrier()
-        report["results"] = collectives(rank, size)
+        report["results"] = collectives(rank, size, args.algorithm)
     except Exception as exc:  # noqa: BLE001 - reported to the test
         report["error"] = f"{type(exc).__name__}: {exc}"
         report["failed_at"] = time.time()

@@ -1,4 +1,4 @@
-// allreduce: ring, tree, halving-doubling and shm_direct, all in place and all leaving
+// allreduce: ring, tree, halving-doubling, shm_direct and hierarchical, all in place and all leaving
 // every rank with bitwise-identical results (each element's final value is computed on
 // one rank, or identically on several ranks by the same steps, and then copied).
 
@@ -38,8 +38,41 @@ void ringAllreduce(Call& call, void* buffer, size_t count, const transport::Accu
   do {  // once even for count == 0: every rank still takes part in the exchange
     const size_t thisCount = std::min(sliceCount, count - sliceStart);
     void* slice = elementAt(buffer, sliceStart, es);
-    ringReduceScatter(call, slice, thisCount, acc);
-    ringAllgather(call, slice, thisCount);
+    ringReduceScatter(call, allRanks(call), slice, thisCount, acc);
+    ringAllgather(call, allRanks(call), slice, thisCount);
+    sliceStart += sliceCount;
+  } while (sliceStart < count);
+}
+
+// Hierarchical, for ranks on H hosts with L ranks each: a ring reduce-scatter among the L
+// ranks of each host leaves each rank the host's sum of one part (1/L of the buffer); the
+// H ranks that own the same part, one per host, ring-allreduce it across the hosts; a
+// ring allgather within each host spreads the parts. Each host's link carries 2(H-1)/H of
+// the buffer each way, split over its L ranks (the flat ring's crossings carry 2(n-1)/n
+// of it per crossing, with H x L = n). Each element's final value is computed on one rank
+// and copied, so every rank gets the same bits. maxSegmentBytes slices the buffer as the
+// flat ring does (a test knob).
+void hierarchicalAllreduce(Call& call, void* buffer, size_t count, const transport::Accumulate& acc,
+                           size_t maxSegmentBytes) {
+  const detail::HostLayout& hosts = call.comm.hosts();
+  const int local = static_cast<int>(hosts.localRanks.size());
+  const RingMembers onHost{hosts.localRanks.data(), local, hosts.localIndex};
+  const RingMembers across{hosts.peersAcross.data(), hosts.hosts, hosts.acrossIndex};
+  const size_t es = call.elementSize;
+  size_t sliceCount = count;
+  if (maxSegmentBytes > 0) {
+    sliceCount = std::max<size_t>(1, maxSegmentBytes / es) * static_cast<size_t>(call.size());
+  }
+  size_t sliceStart = 0;
+  do {
+    const size_t thisCount = std::min(sliceCount, count - sliceStart);
+    void* slice = elementAt(buffer, sliceStart, es);
+    ringReduceScatter(call, onHost, slice, thisCount, acc);
+    const Range part = partition(thisCount, local, ringOwnedPart(hosts.localIndex, local));
+    void* owned = elementAt(slice, part.offset, es);
+    ringReduceScatter(call, across, owned, part.count, acc);
+    ringAllgather(call, across, owned, part.count);
+    ringAllgather(call, onHost, slice, thisCount);
     sliceStart += sliceCount;
   } while (sliceStart < count);
 }
@@ -135,7 +168,7 @@ void allreduce(Communicator& communicator, void* buffer, size_t count, DataType 
   const int n = communicator.size();
   const Algorithm algorithm =
       selectAlgorithm(Collective::kAllreduce, options.algorithm, validation::checkedBytes("allreduce", count, type), n,
-                      communicator.impl().arena() != nullptr);
+                      communicator.impl().arena() != nullptr, communicator.impl().hosts().uniform);
   runCall(communicator, Collective::kAllreduce, algorithm, type, options.op, count, -1, options.timeout,
           [&](Call& call) {
             if (options.op == ReduceOp::kPremulSum) {
@@ -146,6 +179,9 @@ void allreduce(Communicator& communicator, void* buffer, size_t count, DataType 
               switch (algorithm) {
                 case Algorithm::kRing: ringAllreduce(call, buffer, count, acc, options.maxSegmentBytes); break;
                 case Algorithm::kTree: treeAllreduce(call, buffer, count, acc); break;
+                case Algorithm::kHierarchical:
+                  hierarchicalAllreduce(call, buffer, count, acc, options.maxSegmentBytes);
+                  break;
                 case Algorithm::kShmDirect:
                   shmDirectAllreduce(call, buffer, count, fn,
                                      options.op != ReduceOp::kMin && options.op != ReduceOp::kMax,

@@ -55,7 +55,7 @@ void ringReduce(Call& call, void* buffer, size_t count, DataType type, const Red
   const int n = call.size();
   const size_t es = call.elementSize;
   void* working = workingBuffer(call, buffer, count, type, options, true);
-  ringReduceScatter(call, working, count, acc);
+  ringReduceScatter(call, allRanks(call), working, count, acc);
   if (call.rank() == options.root) {
     for (int peer = 0; peer < n; ++peer) {
       if (peer == call.rank()) {

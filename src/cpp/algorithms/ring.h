@@ -5,19 +5,36 @@
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
 
-// The two halves of the ring allreduce, shared by allreduce and reduce. Both work in
-// place on `count` elements cut into size() parts (partition()), in n - 1 steps that
-// each send to the right neighbour while receiving from the left one.
+// The two halves of the ring allreduce, shared by allreduce (flat and hierarchical) and
+// reduce. Both work in place on `count` elements cut into n parts (partition()), in
+// n - 1 steps that each send to the right neighbour while receiving from the left one,
+// over a ring of n members: every rank of the communicator, or a subset of them.
 namespace ringtree::algorithms {
 
-// After it returns, part ringOwnedPart(rank, n) of buffer holds the reduction of every
-// rank's copy of that part; the other parts hold partial results.
-void ringReduceScatter(Call& call, void* buffer, size_t count, const transport::Accumulate& accumulate);
+// The ranks a ring runs over, in ring order: ranks[0 .. n) (communicator ranks), or every
+// rank 0 .. n-1 when ranks is null; index is this rank's position among them.
+struct RingMembers {
+  const int* ranks = nullptr;
+  int n = 0;
+  int index = 0;
 
-// Spreads each rank's owned part (as left by ringReduceScatter) to every rank.
-void ringAllgather(Call& call, void* buffer, size_t count);
+  int at(int position) const { return ranks == nullptr ? position : ranks[position]; }
+  int right() const { return at((index + 1) % n); }
+  int left() const { return at((index + n - 1) % n); }
+};
 
-inline int ringOwnedPart(int rank, int size) { return (rank + 1) % size; }
+// Every rank of the call's communicator.
+inline RingMembers allRanks(const Call& call) { return RingMembers{nullptr, call.size(), call.rank()}; }
+
+// After it returns, part ringOwnedPart(members.index, members.n) of buffer holds the
+// reduction of every member's copy of that part; the other parts hold partial results.
+void ringReduceScatter(Call& call, const RingMembers& members, void* buffer, size_t count,
+                       const transport::Accumulate& accumulate);
+
+// Spreads each member's owned part (as left by ringReduceScatter) to every member.
+void ringAllgather(Call& call, const RingMembers& members, void* buffer, size_t count);
+
+inline int ringOwnedPart(int index, int size) { return (index + 1) % size; }
 
 inline char* elementAt(void* buffer, size_t element, size_t elementSize) {
   return static_cast<char*>(buffer) + element * elementSize;

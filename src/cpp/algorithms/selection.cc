@@ -20,19 +20,22 @@ const char* algorithmName(Algorithm algorithm) {
     case Algorithm::kShmDirect: return "shm_direct";
     case Algorithm::kPairwise: return "pairwise";
     case Algorithm::kLinear: return "linear";
+    case Algorithm::kHierarchical: return "hierarchical";
   }
   return "unknown";
 }
 
 Algorithm parseAlgorithm(const char* name) {
   for (auto algorithm : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kTree, Algorithm::kHalvingDoubling,
-                         Algorithm::kChain, Algorithm::kShmDirect, Algorithm::kPairwise, Algorithm::kLinear}) {
+                         Algorithm::kChain, Algorithm::kShmDirect, Algorithm::kPairwise, Algorithm::kLinear,
+                         Algorithm::kHierarchical}) {
     if (std::strcmp(name, algorithmName(algorithm)) == 0) {
       return algorithm;
     }
   }
   throw InvalidArgument(std::string("unknown algorithm '") + name +
-                        "'; expected one of auto, ring, tree, halving_doubling, chain, shm_direct, pairwise, linear");
+                        "'; expected one of auto, ring, tree, halving_doubling, chain, shm_direct, pairwise, linear, "
+                        "hierarchical");
 }
 
 namespace algorithms {
@@ -44,7 +47,8 @@ bool implements(Collective collective, Algorithm algorithm) {
   switch (collective) {
     case Collective::kAllreduce:
       return algorithm == Algorithm::kRing || algorithm == Algorithm::kTree ||
-             algorithm == Algorithm::kHalvingDoubling || algorithm == Algorithm::kShmDirect;
+             algorithm == Algorithm::kHalvingDoubling || algorithm == Algorithm::kShmDirect ||
+             algorithm == Algorithm::kHierarchical;
     case Collective::kBroadcast:
       return algorithm == Algorithm::kTree || algorithm == Algorithm::kChain || algorithm == Algorithm::kShmDirect;
     case Collective::kReduce:
@@ -67,7 +71,7 @@ bool implements(Collective collective, Algorithm algorithm) {
 
 const char* implementedNames(Collective collective) {
   switch (collective) {
-    case Collective::kAllreduce: return "ring, tree, halving_doubling, shm_direct";
+    case Collective::kAllreduce: return "ring, tree, halving_doubling, shm_direct, hierarchical";
     case Collective::kBroadcast: return "tree, chain, shm_direct";
     case Collective::kReduce: return "tree, ring";
     case Collective::kBarrier: return "(none: barrier has one algorithm)";
@@ -149,17 +153,23 @@ constexpr size_t kPairwiseReduceScatterMaxBytes = size_t{16} << 10;
 constexpr int kLinearGatherMaxRanks = 16;
 
 // Whether kShmDirect can run: it needs the arena, except on a single rank (nothing moves).
-bool usable(Algorithm algorithm, bool hasArena, int worldSize) {
+// kHierarchical needs a job over several hosts with the same number (2+) of ranks on each.
+bool usable(Algorithm algorithm, bool hasArena, int worldSize, bool hostsUniform) {
+  if (algorithm == Algorithm::kHierarchical) return hostsUniform;
   return algorithm != Algorithm::kShmDirect || hasArena || worldSize == 1;
 }
 
-Algorithm bySize(Collective collective, size_t bytes, int worldSize, bool hasArena) {
+Algorithm bySize(Collective collective, size_t bytes, int worldSize, bool hasArena, bool hostsUniform) {
   if (hasArena && preferShmDirect(collective, bytes, worldSize)) {
     return Algorithm::kShmDirect;
   }
   const bool small = bytes <= kSmallMessageBytes;
   switch (collective) {
     case Collective::kAllreduce:
+      // Across hosts the links are the bottleneck: the hierarchical ring moves the
+      // fewest bytes over them (each host sends 2(H-1)/H of the buffer, against 2(n-1)/n
+      // for the flat ring's crossings, n = H x L).
+      if (hostsUniform && !small) return Algorithm::kHierarchical;
       // Recursive doubling needs log2(n) steps of the whole buffer; the ring needs
       // 2(n-1) steps of 1/n of it, so it wins once bandwidth dominates.
       return small || worldSize == 2 ? Algorithm::kHalvingDoubling : Algorithm::kRing;
@@ -198,7 +208,8 @@ Algorithm bySize(Collective collective, size_t bytes, int worldSize, bool hasAre
 
 }  // namespace
 
-Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize, bool hasArena) {
+Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize, bool hasArena,
+                          bool hostsUniform) {
   if (collective == Collective::kBarrier) {
     return hasArena ? Algorithm::kShmDirect : Algorithm::kAuto;
   }
@@ -207,7 +218,11 @@ Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t byt
       throw InvalidArgument(std::string("algorithm '") + algorithmName(requested) + "' is not available for " +
                             collectiveName(collective) + "; choose one of " + implementedNames(collective));
     }
-    if (!usable(requested, hasArena, worldSize)) {
+    if (requested == Algorithm::kHierarchical && !hostsUniform) {
+      throw InvalidArgument(std::string(collectiveName(collective)) +
+                            ": hierarchical needs ranks on several hosts, the same number (2 or more) on each");
+    }
+    if (!usable(requested, hasArena, worldSize, hostsUniform)) {
       throw InvalidArgument(std::string(collectiveName(collective)) +
                             ": shm_direct needs every rank on one host with shared memory (this communicator "
                             "has no node arena: some ranks are elsewhere or reached over TCP, or "
@@ -219,12 +234,12 @@ Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t byt
   const std::string fromEnv = env::algorithm();
   if (!fromEnv.empty()) {
     const Algorithm named = parseAlgorithm(fromEnv.c_str());
-    if (implements(collective, named) && usable(named, hasArena, worldSize)) {
+    if (implements(collective, named) && usable(named, hasArena, worldSize, hostsUniform)) {
       chosen = named;
     }
   }
   if (chosen == Algorithm::kAuto) {
-    chosen = bySize(collective, bytes, worldSize, hasArena);
+    chosen = bySize(collective, bytes, worldSize, hasArena, hostsUniform);
   }
   RINGTREE_DEBUG(collectiveName(collective) << " of " << bytes << " bytes on " << worldSize << " ranks: "
                                             << algorithmName(chosen)

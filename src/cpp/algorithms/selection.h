@@ -27,8 +27,13 @@ namespace ringtree::algorithms {
 // single rank): asked for explicitly without it, InvalidArgument; named by RINGTREE_ALGO
 // without it, ignored. Barrier returns kShmDirect with an arena, kAuto (dissemination
 // over the pairs) without.
+//
+// hostsUniform: whether the ranks run on several hosts with the same number (2 or more)
+// on each (CommunicatorImpl::hosts(); agreed at rendezvous like hasArena). kHierarchical
+// needs it, as kShmDirect needs the arena; with it, an allreduce over small messages
+// keeps the size-based choice and larger ones take kHierarchical.
 Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize,
-                          bool hasArena = false);
+                          bool hasArena = false, bool hostsUniform = false);
 
 // Messages up to this size count as small: latency-bound algorithms are chosen.
 constexpr size_t kSmallMessageBytes = 64 << 10;

@@ -55,7 +55,7 @@ class MeshBuilder {
         records_(static_cast<size_t>(size)),
         recordBytes_(static_cast<size_t>(size)) {}
 
-  std::vector<std::unique_ptr<Pair>> run(std::shared_ptr<arena::NodeArena>* arena) {
+  std::vector<std::unique_ptr<Pair>> run(std::shared_ptr<arena::NodeArena>* arena, std::vector<int>* hostOf) {
     publish();
     readRecords();
     // Every rank sees every record: incompatible options fail on both sides of the pair
@@ -77,6 +77,7 @@ class MeshBuilder {
                                << (*arena)->slotBytes() << " bytes");
       }
     }
+    if (hostOf != nullptr) *hostOf = hostsOfRecords();
     return std::move(pairs_);
   }
 
@@ -600,6 +601,19 @@ class MeshBuilder {
     return socket;
   }
 
+  // The host index of every rank: the index of the first rank with the same host.
+  std::vector<int> hostsOfRecords() const {
+    std::vector<int> hostOf(static_cast<size_t>(size_));
+    std::vector<int> firstRankOfHost;
+    for (int r = 0; r < size_; ++r) {
+      const auto known = std::find_if(firstRankOfHost.begin(), firstRankOfHost.end(),
+                                      [&](int first) { return sameHost(record(first).process, record(r).process); });
+      hostOf[static_cast<size_t>(r)] = static_cast<int>(known - firstRankOfHost.begin());
+      if (known == firstRankOfHost.end()) firstRankOfHost.push_back(r);
+    }
+    return hostOf;
+  }
+
   [[noreturn]] void throwAcceptTimeout() const {
     std::vector<int> missing;
     for (int r = rank_ + 1; r < size_; ++r) {
@@ -660,9 +674,12 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options) {
 }
 
 std::vector<std::unique_ptr<Pair>> connectFullMesh(Store& store, int rank, int size, const ConnectOptions& options,
-                                                   std::shared_ptr<arena::NodeArena>* arena) {
-  if (size == 1) return std::vector<std::unique_ptr<Pair>>(1);
-  return MeshBuilder(store, rank, size, options).run(arena);
+                                                   std::shared_ptr<arena::NodeArena>* arena, std::vector<int>* hostOf) {
+  if (size == 1) {
+    if (hostOf != nullptr) *hostOf = {0};
+    return std::vector<std::unique_ptr<Pair>>(1);
+  }
+  return MeshBuilder(store, rank, size, options).run(arena, hostOf);
 }
 
 }  // namespace ringtree::rendezvous

@@ -69,8 +69,12 @@ ConnectOptions connectOptionsFrom(const CommunicatorOptions& options);
 // fresh connection to its shm::Listener (a handshake with the nonce, then the segment
 // with SCM_RIGHTS); *arena receives it on every rank. Otherwise *arena stays null on
 // every rank. Failures throw as above (NetworkError naming rank 0 for the hand-over).
+//
+// hostOf (when not null) receives, for every rank, the index of the host it runs on, as
+// the records name hosts (host name and boot id): hosts are numbered in the order of
+// their lowest rank, so every rank computes the same map.
 std::vector<std::unique_ptr<transport::Pair>> connectFullMesh(
     Store& store, int rank, int size, const ConnectOptions& options,
-    std::shared_ptr<arena::NodeArena>* arena = nullptr);
+    std::shared_ptr<arena::NodeArena>* arena = nullptr, std::vector<int>* hostOf = nullptr);
 
 }  // namespace ringtree::rendezvous

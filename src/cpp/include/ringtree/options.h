@@ -12,7 +12,7 @@ namespace ringtree {
 // A collective given an algorithm it does not implement throws InvalidArgument.
 //
 //   allreduce:      ring, tree, halving_doubling (recursive doubling below a segment),
-//                   shm_direct (one-shot or two-shot through the node arena)
+//                   shm_direct (one-shot or two-shot through the node arena), hierarchical
 //   broadcast:      tree (binomial), chain (pipelined), shm_direct (root writes, all read)
 //   reduce:         tree (binomial), ring (reduce-scatter + gather)
 //   allgather:      ring, halving_doubling (Bruck's doubling: ceil(log2 n) steps, any n), shm_direct
@@ -24,9 +24,16 @@ namespace ringtree {
 // only when all ranks are on one host and reach each other over shared memory
 // (RINGTREE_SHM_ARENA=0 disables it); elsewhere asking for it throws InvalidArgument.
 // With that segment, barrier runs over it too.
-enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain, kShmDirect, kPairwise, kLinear };
+//
+// hierarchical (allreduce) runs on jobs that span hosts with the same number (2 or more) of
+// ranks on each: a ring reduce-scatter among the ranks of each host, then a ring allreduce
+// of each rank's part among the ranks of the same local index on every host (so every
+// rank carries 1/L of the cross-host traffic), then a ring allgather within each host.
+// Elsewhere asking for it throws InvalidArgument.
+enum class Algorithm { kAuto, kRing, kTree, kHalvingDoubling, kChain, kShmDirect, kPairwise, kLinear, kHierarchical };
 
-// "auto", "ring", "tree", "halving_doubling", "chain", "shm_direct", "pairwise", "linear".
+// "auto", "ring", "tree", "halving_doubling", "chain", "shm_direct", "pairwise", "linear",
+// "hierarchical".
 RINGTREE_API const char* algorithmName(Algorithm algorithm);
 // Inverse of algorithmName; throws InvalidArgument naming the valid names.
 RINGTREE_API Algorithm parseAlgorithm(const char* name);
