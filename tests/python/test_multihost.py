@@ -149,3 +149,13 @@ def test_a_bed_whose_creator_was_killed_is_swept_by_the_next(tmp_path):
     swept = testbed.sweep_stale()
     assert sorted(swept) == sorted(f"{tag}-{part}" for part in ("sw", "h0", "h1"))
     assert not any(name.startswith(tag) for name in testbed._namespaces())
+
+
+def test_the_multihost_benchmark_prints_its_table():
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "multihost.py"
+    proc = subprocess.run([sys.executable, str(script), "--sizes", "8,65536", "--iterations", "1"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 8 |") or line.startswith("| 65536 |")]
+    # "| size | bound | " then a time and a bus bandwidth for each of the 3 systems.
+    assert len(rows) == 2 and all(len(row.strip("|").split("|")) == 2 + 2 * 3 for row in rows), proc.stdout
