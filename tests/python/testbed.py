@@ -162,12 +162,12 @@ class Testbed:
 
     def _add_host(self, host: int) -> None:
         ns = self.namespace(host)
-        inner, outer = f"{self.tag[-6:]}h{host}e", f"{self.tag[-6:]}h{host}s"
+        outer = f"h{host}"
         _ip("netns", "add", ns)
-        _ip("link", "add", inner, "mtu", str(self.mtu), "type", "veth", "peer", "name", outer, "mtu", str(self.mtu))
-        _ip("link", "set", inner, "netns", ns)
-        _ip("link", "set", outer, "netns", self._switch)
-        _ip("-n", ns, "link", "set", inner, "name", "eth0")
+        # Both ends are created in their namespaces: no name ever exists in the caller's
+        # namespace, so concurrent test beds cannot clash.
+        _ip("link", "add", "eth0", "netns", ns, "mtu", str(self.mtu), "type", "veth", "peer", "name", outer,
+            "netns", self._switch, "mtu", str(self.mtu))
         _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", ns, "link", "set", "lo", "up")
