@@ -11,7 +11,10 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include <ringtree/error.h>
 #include <ringtree/store/tcp_store.h>
@@ -112,6 +115,23 @@ class TorchClient {
   bool silentFor(milliseconds ms) {
     uint8_t byte = 0;
     return net::recvAll(socket_.fd(), &byte, 1, net::deadlineAfter(ms)).status == net::IoStatus::kTimeout;
+  }
+
+  // Reads until the server closes the connection (true) or 5 s pass (false); *bytes: how many came.
+  bool readUntilClosed(size_t* bytes) {
+    std::vector<uint8_t> chunk(1 << 16);
+    *bytes = 0;
+    const auto deadline = net::deadlineAfter(std::chrono::seconds(5));
+    for (;;) {
+      const ssize_t n = ::recv(socket_.fd(), chunk.data(), chunk.size(), MSG_DONTWAIT);
+      if (n == 0) return true;
+      if (n > 0) {
+        *bytes += static_cast<size_t>(n);
+        continue;
+      }
+      if (net::Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(milliseconds(1));
+    }
   }
 
   // True when the server closes the connection within 2 s without sending anything more.
@@ -254,6 +274,31 @@ TEST(TorchStoreProtocol, MisbehaviourClosesThatConnectionOnly) {
   options.port = port;
   TcpStore client(kLocalHost, options, kShortTimeout);
   EXPECT_EQ(client.add("alive", 1), 2);
+}
+
+TEST(TorchStoreProtocol, AClientThatDoesNotReadItsRepliesCannotPileThemUp) {
+  auto server = startServer();
+  const std::string value(size_t{16} << 20, 'v');
+  {
+    TorchClient t(server->port());
+    ASSERT_TRUE(t.send(Command(Query::kSet).key("big").str(value)));
+    // Two GETs without reading: the first reply does not fit the socket buffers, so the
+    // second arrives while it is still being sent.
+    ASSERT_TRUE(t.send(Command(Query::kGet).key("big")));
+    ASSERT_TRUE(t.send(Command(Query::kGet).key("big")));
+    size_t received = 0;
+    EXPECT_TRUE(t.readUntilClosed(&received));
+    EXPECT_LT(received, 2 * value.size()) << "the second reply was never built";
+  }
+  {
+    // A MULTI_GET whose reply would pass 4 GiB is refused before anything is allocated.
+    TorchClient t(server->port());
+    ASSERT_TRUE(t.send(Command(Query::kMultiGet).keys(std::vector<std::string>(300, "big"))));
+    EXPECT_TRUE(t.closedByServer());
+  }
+  TorchClient t(server->port());
+  ASSERT_TRUE(t.send(Command(Query::kAdd).key("alive").u64(1)));
+  EXPECT_EQ(t.readI64(), 1);
 }
 
 TEST(TorchStoreProtocol, ServerWithSharedSecretRefusesTorchClients) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 
 #include <ringtree/error.h>
 
@@ -347,6 +348,8 @@ void TcpStoreServer::Impl::send(Connection& c, Bytes bytes) {
     c.out = std::move(bytes);
     c.outSent = 0;
   } else {
+    c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(c.outSent));
+    c.outSent = 0;
     c.out.insert(c.out.end(), bytes.begin(), bytes.end());
   }
   flush(c);

@@ -22,6 +22,8 @@ namespace {
 constexpr size_t kCommandOverhead = size_t{64} << 10;
 // Bytes asked of the socket per read.
 constexpr size_t kReadChunk = size_t{64} << 10;
+// Largest MULTI_GET reply: what a reply of ringtree's protocol can carry.
+constexpr uint64_t kMaxMultiGetReplyBytes = uint64_t{4} << 30;
 
 }  // namespace
 
@@ -78,6 +80,16 @@ void TcpStoreServer::Impl::handleTorchCommand(Connection& c, torch::Command& com
   }
   if (c.waiter && command.query != torch::Query::kCancelWait) {
     scheduleClose(c, std::string(name) + " sent while its WAIT is unanswered");
+    return;
+  }
+  // torch's client reads each reply before its next request, so a request that has a
+  // reply never arrives while one is still being sent. Refusing it keeps a client that
+  // does not read from piling up replies in the server's memory.
+  const bool hasReply = command.query != torch::Query::kSet && command.query != torch::Query::kAppend &&
+                        command.query != torch::Query::kMultiSet && command.query != torch::Query::kValidate &&
+                        command.query != torch::Query::kCancelWait;
+  if (hasReply && !c.out.empty()) {
+    scheduleClose(c, std::string(name) + " sent before reading the reply to its previous request");
     return;
   }
   Bytes out;
@@ -137,12 +149,23 @@ void TcpStoreServer::Impl::handleTorchCommand(Connection& c, torch::Command& com
       table_.append(command.keys[0], command.values[0]);
       wake(command.keys[0]);
       return;
-    case torch::Query::kMultiGet:
+    case torch::Query::kMultiGet: {
+      // The same bound as a ringtree GET's reply.
+      uint64_t size = 0;
+      for (const auto& key : command.keys) {
+        const Bytes* value = table_.find(key);
+        size += 8 + (value != nullptr ? value->size() : 0);
+      }
+      if (size > kMaxMultiGetReplyBytes) {
+        return scheduleClose(c, "MULTI_GET of " + std::to_string(command.keys.size()) + " keys would reply " +
+                                    std::to_string(size) + " bytes, more than one reply may carry (4 GiB)");
+      }
       for (const auto& key : command.keys) {
         const Bytes* value = table_.find(key);
         torch::appendValue(out, value != nullptr ? *value : Bytes());
       }
       break;
+    }
     case torch::Query::kMultiSet:
       for (size_t i = 0; i < command.keys.size(); ++i) table_.set(command.keys[i], std::move(command.values[i]));
       for (const auto& key : command.keys) wake(key);

@@ -31,7 +31,9 @@
 // Not served (the connection is closed): torch's queue commands.
 //
 // Commands may follow each other without waiting for replies (kSet has none); while a
-// kWait is unanswered the client can only send kCancelWait.
+// kWait is unanswered the client can only send kCancelWait, and a command that has a reply
+// may only come once the previous reply has been read (the server closes a connection that
+// breaks either rule). A kMultiGet reply is bounded at 4 GiB.
 
 #include <cstddef>
 #include <cstdint>
