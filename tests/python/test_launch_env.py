@@ -41,8 +41,11 @@ def test_precedence():
     assert launch.rank == ("0", "RANK") and launch.world_size == ("2", "WORLD_SIZE")
     assert launch.master_addr is None and launch.master_port is None
     # Explicit store variables win over the launcher's defaults.
-    launch = find_launch({**SLURM, "MASTER_ADDR": "head", "MASTER_PORT": "1234", "WORLD_SIZE": "6"})
-    assert (launch.master_addr[0], launch.master_port[0], launch.world_size[0]) == ("head", "1234", "6")
+    launch = find_launch({**SLURM, "MASTER_ADDR": "head", "MASTER_PORT": "1234", "WORLD_SIZE": "8"})
+    assert (launch.master_addr[0], launch.master_port[0], launch.world_size) == ("head", "1234", ("8", "SLURM_NTASKS"))
+    # The size comes with the rank: a WORLD_SIZE that disagrees with the launcher's is refused.
+    with pytest.raises(ValueError, match="WORLD_SIZE=6 disagrees with SLURM_NTASKS=8"):
+        find_launch({**SLURM, "WORLD_SIZE": "6"})
     # Open MPI before Hydra before Slurm (srun starting mpirun-style ranks sets both).
     assert find_launch({**SLURM, **OMPI}).rank[1] == "OMPI_COMM_WORLD_RANK"
     assert find_launch({**SLURM, **HYDRA}).rank[1] == "PMI_RANK"

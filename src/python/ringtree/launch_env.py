@@ -7,8 +7,10 @@ an argument of ``init_process_group``, wins over all of them):
 - rank: ``RANK``; else, by launcher, Open MPI's ``OMPI_COMM_WORLD_RANK``, MPICH's and
   Intel MPI's Hydra ``PMI_RANK``, Slurm's ``SLURM_PROCID``. The launcher that gave the
   rank is the job's launcher for the rest.
-- world size: ``WORLD_SIZE``; else the launcher's ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``,
-  ``SLURM_NTASKS``.
+- world size: from the same source as the rank: ``WORLD_SIZE`` with ``RANK``; the
+  launcher's ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE`` or ``SLURM_NTASKS`` with the launcher's
+  rank (a ``WORLD_SIZE`` that disagrees with it is an error: a stale export would otherwise
+  make the job wait for ranks that never come).
 - local rank (``get_node_local_rank``): ``LOCAL_RANK``; else ``OMPI_COMM_WORLD_LOCAL_RANK``,
   ``MPI_LOCALRANKID``, ``SLURM_LOCALID`` (of whichever is set, in that order).
 - store address: ``MASTER_ADDR``; else, under Slurm, the first host of
@@ -82,7 +84,12 @@ def find_launch(environ: Mapping[str, str] = os.environ) -> Launch:
         return None
 
     rank = first("RANK", launcher.rank if launcher else None)
-    world_size = first("WORLD_SIZE", launcher.world_size if launcher else None)
+    world_size = first(launcher.world_size if launcher else "WORLD_SIZE")
+    if launcher is not None and world_size is not None:
+        given = _get(environ, "WORLD_SIZE")
+        if given is not None and given != world_size[0]:
+            raise ValueError(f"WORLD_SIZE={given} disagrees with {launcher.world_size}={world_size[0]} of "
+                             f"{launcher.name}, which gave the rank: unset WORLD_SIZE, or set RANK too")
     master_addr = first("MASTER_ADDR")
     master_port = first("MASTER_PORT")
     if launcher is not None:
