@@ -143,9 +143,10 @@ def sparse_all_reduce(rank: int, world_size: int, port: int, backend: str) -> di
             dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,)), dist.ReduceOp.MAX)
         except ValueError as error:
             results["max"] = str(error)
-        shape = (4,) if rank == 0 else (5,)
+        shape = (4,) if rank == 0 else (5, 2)
         try:
-            dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), shape))
+            values = torch.tensor([1.0]) if rank == 0 else torch.tensor([[1.0, 2.0]])
+            dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), values, shape))
         except ValueError as error:
             results["shapes"] = str(error)
         try:

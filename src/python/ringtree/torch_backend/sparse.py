@@ -31,22 +31,28 @@ def sparse_all_reduce(native: Any, tensor: torch.Tensor, op: Any) -> None:
     local = tensor.coalesce()
     indices, values = local.indices(), local.values()
     nnz = indices.shape[1]
-    # The shape description: nnz, sparse_dim, dense_dim, dtype code, then the sizes.
-    description = torch.tensor([nnz, local.sparse_dim(), local.dense_dim(), _dtype_code(tensor.dtype),
-                                *tensor.shape], dtype=torch.int64)
+    # The shape description, the same length on every rank (so that ranks whose tensors
+    # differ in dimensions still exchange it and fail alike): nnz, sparse_dim, dense_dim,
+    # dtype code, number of dimensions, then the sizes padded to _MAX_DIMS.
+    if tensor.dim() > _MAX_DIMS:
+        raise ValueError(f"all_reduce: sparse tensors of at most {_MAX_DIMS} dimensions, got {tensor.dim()}")
+    sizes = [*tensor.shape] + [0] * (_MAX_DIMS - tensor.dim())
+    description = torch.tensor([nnz, local.sparse_dim(), local.dense_dim(), _dtype_code(tensor.dtype), tensor.dim(),
+                                *sizes], dtype=torch.int64)
     descriptions = [torch.empty_like(description) for _ in range(size)]
     native.allgather(descriptions, description, False)
     for rank, other in enumerate(descriptions):
         if not torch.equal(other[1:], description[1:]):
             raise ValueError(
-                f"all_reduce of a sparse tensor: rank {rank} gave shape {tuple(other[4:].tolist())} with "
+                f"all_reduce of a sparse tensor: rank {rank} gave shape {_shape_of(other)} with "
                 f"{other[1].item()} sparse and {other[2].item()} dense dimensions, this rank "
                 f"{tuple(tensor.shape)} with {local.sparse_dim()} and {local.dense_dim()}, or another dtype"
             )
     counts = [int(d[0]) for d in descriptions]
     most = max(counts)
     if most == 0:
-        tensor.copy_(local)
+        with torch.no_grad():  # written below autograd, as torch's gloo does
+            tensor.copy_(local)
         return
     dense_shape = values.shape[1:]
     padded_indices = torch.zeros((indices.shape[0], most), dtype=indices.dtype)
@@ -62,7 +68,8 @@ def sparse_all_reduce(native: Any, tensor: torch.Tensor, op: Any) -> None:
         torch.cat([v[:n] for v, n in zip(all_values, counts)]),
         tensor.shape,
     ).coalesce()
-    tensor.copy_(summed)
+    with torch.no_grad():
+        tensor.copy_(summed)
 
 
 # Every dtype a sparse tensor may have, in a fixed order: its index is the dtype's code in
@@ -71,6 +78,14 @@ _DTYPES = (
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
     torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
 )
+
+
+def _shape_of(description: torch.Tensor) -> tuple[int, ...]:
+    return tuple(description[5:5 + int(description[4])].tolist())
+
+
+# Most dimensions a sparse tensor's description carries.
+_MAX_DIMS = 16
 
 
 def _dtype_code(dtype: torch.dtype) -> int:
