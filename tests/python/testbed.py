@@ -183,11 +183,13 @@ class Testbed:
         """Kills every process in the hosts and deletes every namespace. Idempotent."""
         if not self._up:
             return
-        self._up = False
+        # _up stays set until everything is gone, so that a SIGTERM in the middle of this
+        # (whose handler calls down() again) still deletes what is left.
         for host in range(self.hosts):
             _delete_namespace(self.namespace(host))
         _delete_namespace(self._switch)
         shutil.rmtree(self._dir, ignore_errors=True)
+        self._up = False
         if self in _live:
             _live.remove(self)
 
