@@ -117,6 +117,13 @@ class TorchClient {
     return net::recvAll(socket_.fd(), &byte, 1, net::deadlineAfter(ms)).status == net::IoStatus::kTimeout;
   }
 
+  // Keeps what the kernel buffers for this side small (no autotuning up to tcp_rmem's
+  // maximum), so that a large reply cannot be sent whole while nobody reads it.
+  void limitReceiveBuffer() {
+    const int bytes = 64 << 10;
+    ASSERT_EQ(::setsockopt(socket_.fd(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes)), 0);
+  }
+
   // Reads until the server closes the connection (true) or 5 s pass (false); *bytes: how many came.
   bool readUntilClosed(size_t* bytes) {
     std::vector<uint8_t> chunk(1 << 16);
@@ -281,9 +288,11 @@ TEST(TorchStoreProtocol, AClientThatDoesNotReadItsRepliesCannotPileThemUp) {
   const std::string value(size_t{16} << 20, 'v');
   {
     TorchClient t(server->port());
+    t.limitReceiveBuffer();
     ASSERT_TRUE(t.send(Command(Query::kSet).key("big").str(value)));
-    // Two GETs without reading: the first reply does not fit the socket buffers, so the
-    // second arrives while it is still being sent.
+    // Two GETs without reading: the first reply does not fit the socket buffers (64 KiB
+    // here, at most tcp_wmem's maximum on the server's side), so the second arrives while
+    // it is still being sent.
     ASSERT_TRUE(t.send(Command(Query::kGet).key("big")));
     ASSERT_TRUE(t.send(Command(Query::kGet).key("big")));
     size_t received = 0;
