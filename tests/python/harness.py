@@ -34,6 +34,19 @@ PROMPT_S = 5.0  # what needs no waiting: a failure reaching a peer, an abort, a 
 LATE_BY_S = 3.0  # how late after its deadline a timeout may fire (never before it)
 
 
+# The variables launchers set (torchrun, ringtree-run, mpirun, Hydra, srun): a job that a
+# test starts itself must not inherit the ones of whatever started the test run.
+_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGTREE_", "TORCHELASTIC_",
+                       "OMPI_", "PMI", "SLURM_")
+
+
+def launcher_free_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any launcher's variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARIABLES)}
+    env.update(extra)
+    return env
+
+
 def free_port() -> int:
     """A port that was free a moment ago (tests of rank-0-hosted rendezvous need a fixed
     port up front; callers retry on the rare collision)."""

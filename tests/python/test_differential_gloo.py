@@ -16,7 +16,6 @@ What torch's gloo itself cannot do is not compared; GLOO_CANNOT lists it, and
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 
 import ringtree
 from differential_script import CASES
-from harness import free_port
+from harness import free_port, launcher_free_env
 
 SCRIPT = Path(__file__).resolve().parent / "differential_script.py"
 WORLD_SIZES = [2, 3]
@@ -57,7 +56,7 @@ def _launch(world_size: int, out_dir: Path) -> dict | str:
     processes; {impl: each rank's results}, or the output of a run that did not finish."""
     coord = ringtree.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     runs = [f"{impl}:{free_port()}" for impl in IMPLS]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    env = launcher_free_env()
     procs = []
     for rank in range(world_size):
         command = [sys.executable, str(SCRIPT), "--rank", str(rank), "--world-size", str(world_size),

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from harness import free_port
+from harness import free_port, launcher_free_env
 
 from ringtree.launch_env import find_launch, first_host, local_rank
 
@@ -73,16 +73,6 @@ PROGRAM = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
-_CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGTREE_", "TORCHELASTIC_", "OMPI_",
-          "PMI", "SLURM_")
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_CLEAN)}
-    env.update(extra)
-    return env
-
-
 def _expected_lines(world_size: int, local=lambda rank: rank) -> list[str]:
     total = float(world_size * (world_size + 1) // 2)
     return [f"rank {r} of {world_size} local {local(r)} sum {[total] * 3}" for r in range(world_size)]
@@ -94,7 +84,7 @@ def test_ranks_started_with_slurms_variables(tmp_path):
     port = str(free_port())
     procs = [
         subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=_clean_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+                         env=launcher_free_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
                                         SLURM_JOB_NODELIST="localhost", MASTER_PORT=port))
         for rank in range(2)
     ]
@@ -112,18 +102,18 @@ def test_ranks_started_by_mpirun(tmp_path, world_size):
     if os.geteuid() == 0:
         command.append("--allow-run-as-root")
     proc = subprocess.run([*command, sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env=_clean_env(MASTER_PORT=str(free_port())))
+                          env=launcher_free_env(MASTER_PORT=str(free_port())))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(proc.stdout.strip().splitlines()) == _expected_lines(world_size)
 
 
 def test_missing_variables_are_named():
     proc = subprocess.run([sys.executable, "-c", "import ringtree as d; d.init_process_group('gloo')"],
-                          capture_output=True, text=True, timeout=60, env=_clean_env())
+                          capture_output=True, text=True, timeout=60, env=launcher_free_env())
     assert proc.returncode != 0
     assert "environment variable RANK expected, but not set (nor a launcher's OMPI_COMM_WORLD_RANK" in proc.stderr
     proc = subprocess.run([sys.executable, "-c", "import ringtree as d; d.init_process_group('gloo')"],
                           capture_output=True, text=True, timeout=60,
-                          env=_clean_env(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="4",
+                          env=launcher_free_env(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="4",
                                          OMPI_COMM_WORLD_LOCAL_SIZE="2"))
     assert "MASTER_ADDR expected, but not set (under mpirun with ranks on several hosts" in proc.stderr

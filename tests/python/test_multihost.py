@@ -8,7 +8,6 @@ timeout, naming the peers that went silent. Needs root (skipped otherwise)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,19 +16,11 @@ from pathlib import Path
 import pytest
 
 import testbed
-from harness import PROMPT_S, free_port
+from harness import PROMPT_S, free_port, launcher_free_env
 
 pytestmark = pytest.mark.skipif(testbed.available() is not None, reason=str(testbed.available()))
 
 PROGRAM = Path(__file__).resolve().parent / "multihost_program.py"
-_CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGTREE_", "TORCHELASTIC_", "OMPI_",
-          "PMI", "SLURM_")
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(_CLEAN)}
-
-
 def _launcher(nnodes: int, node_rank: int, nproc: int, master: str, port: int, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ringtree.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--master-addr", master, "--master-port", str(port), "--nproc-per-node", str(nproc),
@@ -42,8 +33,8 @@ def _reports(out: Path, world_size: int) -> list[dict]:
 
 def _run_on_bed(bed: testbed.Testbed, nproc: int, out: Path, *extra: str, timeout: float = 120) -> list:
     port = 29500
-    procs = [bed.start(host, _launcher(bed.hosts, host, nproc, bed.hostname(0), port, out, *extra), env=_env(),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [bed.start(host, _launcher(bed.hosts, host, nproc, bed.hostname(0), port, out, *extra),
+                       env=launcher_free_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for host in range(bed.hosts)]
     return [proc.communicate(timeout=timeout) + (proc.returncode,) for proc in procs]
 
@@ -51,7 +42,7 @@ def _run_on_bed(bed: testbed.Testbed, nproc: int, out: Path, *extra: str, timeou
 def _single_host_reference(world_size: int, out: Path, algorithm: str) -> list[dict]:
     out.mkdir()
     proc = subprocess.run(_launcher(1, 0, world_size, "127.0.0.1", free_port(), out, "--algorithm", algorithm),
-                          env=_env(),
+                          env=launcher_free_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return _reports(out, world_size)
@@ -102,7 +93,7 @@ def test_a_host_whose_link_is_cut_is_reported_within_the_timeout(tmp_path):
     with testbed.Testbed(2) as bed:
         procs = [bed.start(host, _launcher(2, host, 1, bed.hostname(0), 29500, out, "--loop", "--timeout",
                                            str(timeout)),
-                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           env=launcher_free_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for host in range(2)]
         deadline = time.monotonic() + 60
         while not all((out / f"rank_{r}.json.ready").exists() for r in range(2)):
@@ -154,7 +145,7 @@ def test_a_bed_whose_creator_was_killed_is_swept_by_the_next(tmp_path):
 def test_the_multihost_benchmark_prints_its_table():
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "multihost.py"
     proc = subprocess.run([sys.executable, str(script), "--sizes", "8,65536", "--iterations", "1"],
-                          capture_output=True, text=True, timeout=300, env=_env())
+                          capture_output=True, text=True, timeout=300, env=launcher_free_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 8 |") or line.startswith("| 65536 |")]
     # "| size | bound | " then a time and a bus bandwidth for each of the 3 systems.

@@ -6,7 +6,6 @@ results in docs/torch.md)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # torch's test utilities need it
+
+from harness import launcher_free_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "peer_suite" / "run_peer_suite.py"
 
@@ -29,7 +30,7 @@ FAST_SUBSET = [
 
 def test_a_fast_subset_of_torchs_backend_suite_passes(tmp_path):
     results = tmp_path / "results.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    env = launcher_free_env()
     env.update(PYTORCH_PRINT_REPRO_ON_FAILURE="0", TEMP_DIR=str(tmp_path), WORLD_SIZE="2")
     args = [a for name in FAST_SUBSET for a in ("-k", name)]
     proc = subprocess.run([sys.executable, str(SCRIPT), "--exact", *args, "--json", str(results)],

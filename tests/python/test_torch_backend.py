@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from harness import PROMPT_S, free_port, run_world  # noqa: E402
+from harness import PROMPT_S, free_port, launcher_free_env, run_world  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 
@@ -202,7 +202,7 @@ def test_programs_run_under_torchrun(program, tmp_path):
     "ringtree" uses it through torch, a ringtree program (env://) as a client through torch."""
     script = tmp_path / "program.py"
     script.write_text(f"OUT = {str(tmp_path)!r}\n" + (RINGTREE_PROGRAM if program == "ringtree" else TORCH_PROGRAM))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    env = launcher_free_env()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -231,7 +231,7 @@ def test_torch_programs_run_under_ringtree_run(backend, tmp_path):
     binding MASTER_PORT, which the launcher holds."""
     script = tmp_path / "program.py"
     script.write_text(f"OUT = {str(tmp_path)!r}\nBACKEND = {backend!r}\n" + TORCH_PROGRAM_OF_BACKEND)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    env = launcher_free_env()
     proc = subprocess.run([sys.executable, "-m", "ringtree.run", "--nproc-per-node", "2", str(script)],
                           capture_output=True, text=True, timeout=120, env=env)
     # torch 2.13's gloo aborts at exit in about 1 run of 4 (see the DDP example's test).
@@ -243,7 +243,7 @@ def test_torch_programs_run_under_ringtree_run(backend, tmp_path):
 
 def test_the_ddp_example_gives_the_same_losses_as_gloo():
     example = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_ddp.py"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGTREE_", "MASTER_", "TORCHELASTIC_"))}
+    env = launcher_free_env()
     losses = {}
     for backend in ("ringtree", "gloo"):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(example),
