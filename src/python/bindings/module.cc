@@ -5,6 +5,7 @@
 #include "diagnostics.h"
 #include "errors.h"
 #include "foreign_store.h"
+#include "mpi_support.h"
 #include "process_group.h"
 #include "store.h"
 #include "work.h"
@@ -18,4 +19,5 @@ PYBIND11_MODULE(_C, m) {
   ringtree::python::initWork(m);
   ringtree::python::initProcessGroup(m);
   ringtree::python::initDiagnostics(m);
+  ringtree::python::initMpiSupport(m);
 }

@@ -10,6 +10,7 @@
 #include <ringtree/options.h>
 #include <ringtree/p2p.h>
 #include <ringtree/process_group.h>
+#include <ringtree/reductions.h>
 #include <ringtree/store/file_store.h>
 #include <ringtree/store/hash_store.h>
 #include <ringtree/store/prefix_store.h>
