@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import mpi
 from .errors import DistBackendError
 
 __all__ = [
@@ -30,9 +31,10 @@ class _BackendPlugin:
 class Backend(str):
     """A backend name: ``Backend("GLOO") == "gloo"``; the value is a plain lower-case str.
 
-    In ringtree, ``gloo`` names its own CPU engine (TCP and shared memory) and ``nccl``
-    the GPU path. ``mpi``, ``ucc``, ``xccl`` and ``fake`` are known names that this build
-    does not provide: init_process_group with them raises ValueError.
+    In ringtree, ``gloo`` names its own CPU engine (TCP and shared memory), ``nccl`` the
+    GPU path and ``mpi`` the MPI library (through mpi4py, where installed; see
+    ringtree.mpi). ``ucc``, ``xccl`` and ``fake`` are known names that this build does not
+    provide: init_process_group with them raises DistBackendError.
     Names are not validated here (as in torch); an unknown name fails at init time.
     """
 
@@ -146,7 +148,6 @@ _BUILTIN_BACKENDS = {Backend.GLOO}
 # Why each known backend this build lacks is not available.
 _UNAVAILABLE_BACKENDS = {
     Backend.NCCL: "ringtree was built without NCCL support (no CUDA path in this build)",
-    Backend.MPI: "ringtree does not provide an MPI backend; use 'gloo' (ringtree's CPU engine)",
     Backend.UCC: "ringtree does not provide a UCC backend",
     Backend.XCCL: "ringtree does not provide an XCCL backend",
     Backend.FAKE: "ringtree does not provide the 'fake' backend",
@@ -159,7 +160,10 @@ def registered_plugin(name: str) -> _BackendPlugin | None:
 
 
 def unavailable_reason(name: str) -> str:
-    """Why the known backend ``name`` is not in this build (a key of _UNAVAILABLE_BACKENDS)."""
+    """Why the known backend ``name`` is not available (a key of _UNAVAILABLE_BACKENDS, or
+    ``mpi`` when no MPI library can be used)."""
+    if name == Backend.MPI:
+        return mpi.unavailable_reason() or "it is available"
     return _UNAVAILABLE_BACKENDS[name]
 
 
@@ -174,8 +178,9 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
-    """False: ringtree does not wrap MPI."""
-    return False
+    """True when mpi4py and an MPI library can be used (ringtree's ``mpi`` backend); does
+    not initialise MPI."""
+    return mpi.is_available()
 
 
 def is_ucc_available() -> bool:
@@ -191,6 +196,8 @@ def is_xccl_available() -> bool:
 def is_backend_available(backend: str) -> bool:
     """True for built-in backends this build provides and for registered plugins."""
     name = Backend(backend)
+    if name == Backend.MPI:
+        return mpi.is_available()
     return name in _BUILTIN_BACKENDS or registered_plugin(name) is not None
 
 
@@ -206,9 +213,9 @@ def _check_backends(config: BackendConfig, explicit: bool) -> None:
     for device, name in config.device_backend_map.items():
         if is_backend_available(name):
             continue
-        if name in _UNAVAILABLE_BACKENDS:
+        if name in _UNAVAILABLE_BACKENDS or name == Backend.MPI:
             if explicit:
-                raise DistBackendError(f"backend {name!r} for device {device!r} is not available: {_UNAVAILABLE_BACKENDS[name]}")
+                raise DistBackendError(f"backend {name!r} for device {device!r} is not available: {unavailable_reason(name)}")
             continue  # a default for a device this process does not use (cuda:nccl on a CPU build)
         raise ValueError(
             f"Unknown backend type {name!r}; known: {', '.join(n for n in Backend.backend_list if n != Backend.UNDEFINED)}"

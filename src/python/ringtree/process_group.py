@@ -219,13 +219,22 @@ def _start_engine(pg: ProcessGroup) -> None:
     pg._engine = pg._p2p = engine
 
 
+def _start_mpi_engine(pg: ProcessGroup) -> None:
+    """Starts the group's MPI backend: a communicator of its members (a collective over
+    them, through MPI)."""
+    from .mpi.world import create_engine
+
+    pg._engine = pg._p2p = create_engine(pg.group_name, pg.ranks, pg.rank(), pg.timeout)
+
+
 def _stop_engine(pg: ProcessGroup) -> None:
-    """Runs the group's queued collectives to completion and stops its native backend
-    (pending point-to-point operations fail)."""
+    """Runs the group's queued collectives to completion and stops its engine (pending
+    point-to-point operations fail)."""
     engine = pg._engine
     pg._engine = pg._p2p = _NoEngine(f"group {pg.group_name!r} has been destroyed")
-    if isinstance(engine, _NativeProcessGroup):
+    if not isinstance(engine, _NoEngine):
         engine.shutdown()
+    if isinstance(engine, _NativeProcessGroup):
         _dump_flight_record(engine, "destroy_process_group")
 
 
@@ -233,7 +242,7 @@ def _abort_engine(pg: ProcessGroup) -> None:
     """Aborts the group's native backend (see ProcessGroup.abort), keeping it in place for
     collectives so that its flight record stays readable and its refusals say why."""
     engine = pg._engine
-    if isinstance(engine, _NativeProcessGroup):
+    if not isinstance(engine, _NoEngine):
         pg._p2p = _NoEngine(f"group {pg.group_name!r} has been aborted")
         engine.abort()
 
@@ -364,6 +373,11 @@ def init_process_group(
     ``cuda:nccl`` where NCCL is available; the group's backend reads "undefined"). ``timeout``
     (default 30 min) bounds every operation of the group and the store's waits.
 
+    With 'cpu' on ``mpi`` (a job started by mpirun or srun), ``rank`` and ``world_size``
+    come from MPI (given ones must agree, else ValueError), and with neither ``store`` nor
+    ``init_method`` the job's store is bootstrapped over MPI: rank 0 serves it on a port
+    the kernel picks, so no environment variable is needed.
+
     Blocks until this rank reached the store (rank 0 or ringtree-run hosts it) and, when
     'cpu' maps to 'gloo', until every rank has joined: like torch's gloo, the CPU engine
     connects the ranks here. Raises ValueError for bad arguments (second init, missing env
@@ -382,6 +396,12 @@ def init_process_group(
     backend_str = parse_backend(backend)
     _check_device_id(device_id)
 
+    if _uses_mpi(backend_str):
+        from .mpi.world import bootstrap_store, world_rank_and_size
+
+        rank, world_size = world_rank_and_size(rank, world_size)
+        if store is None and init_method is None:
+            store = bootstrap_store(timeout)
     if store is None:
         if init_method is None:
             init_method = "env://"
@@ -402,6 +422,11 @@ def init_process_group(
     world.group_count += 1
     if os.environ.get(constants.ENV_INIT_BARRIER, "0") == "1":
         _store_barrier(pg)
+
+
+def _uses_mpi(backend_str: str) -> bool:
+    """Whether a group created with ``backend_str`` runs its CPU buffers on MPI."""
+    return BackendConfig(None if backend_str == Backend.UNDEFINED else backend_str).device_backend_map.get("cpu") == Backend.MPI
 
 
 def _create_group(
@@ -433,6 +458,8 @@ def _create_group(
         pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, pg.size(), timeout)
     if device_backends.get("cpu") == Backend.GLOO:
         _start_engine(pg)
+    elif device_backends.get("cpu") == Backend.MPI:
+        _start_mpi_engine(pg)
     world.groups[name] = pg
     return pg
 

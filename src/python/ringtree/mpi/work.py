@@ -1,0 +1,358 @@
+"""Work handles of the MPI backend, the worker that runs a group's asynchronous
+collectives, and the progress thread that completes point-to-point requests.
+
+Collectives (see CollectiveOrder): MPI requires every rank to issue a communicator's
+collectives in the same order, and a nonblocking collective (MPI_Iallreduce) never
+matches a blocking one (MPI_Allreduce) on another rank. ringtree, like torch, lets each
+rank choose ``async_op`` per call, so every collective is a blocking MPI call: a
+synchronous one on the calling thread (no hand-off) when nothing is queued before it,
+an asynchronous one on the group's worker thread, in submission order, which completes
+its :class:`MpiWork`. (MPI's nonblocking collectives would also cost more: Open MPI
+4.1's MPI_Iallreduce + MPI_Wait takes 1.8-4x the time of MPI_Allreduce from 8 B to 4 MiB
+at 2 ranks, docs/performance.md.)
+
+Point to point (isend, irecv): nonblocking MPI requests, which do match blocking sends
+and receives. They complete on whichever comes first: the progress thread, which tests
+every pending request (briefly spinning, then sleeping up to 1 ms, so that waiting never
+burns a core), or a caller's ``wait()``, which blocks in MPI_Wait. A per-work lock makes
+sure one of them alone touches the request.
+
+Completion runs the call's finishing step (AVG's division, copying a packed result into
+the caller's list, ...), then callbacks and the torch Future.
+
+The progress thread is also the backend's watchdog: a blocking MPI call cannot be
+cancelled, so an operation still running past its group's timeout is reported (rank,
+call, group) on stderr and the job is ended with MPI_Abort, as NCCL's watchdog ends a
+job whose collective hangs. ``wait(timeout)`` with an explicit timeout raises
+DistTimeoutError instead and leaves the operation running.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from datetime import timedelta
+from collections import deque
+from typing import Any, Callable
+
+from ..errors import DistBackendError, DistTimeoutError
+
+__all__ = ["CollectiveOrder", "MpiWork", "Progress"]
+
+
+class MpiWork:
+    """torch 2.13's Work API over one MPI request, or (``request`` None) over a collective
+    that the group's worker runs and finishes (see ringtree.Work for the contract)."""
+
+    __slots__ = (
+        "_callbacks", "_describe", "_done", "_error", "_event", "_finish", "_future", "_keep",
+        "_lock", "_outputs", "_request", "_source", "_status", "deadline",
+    )
+
+    def __init__(
+        self,
+        request: Any,
+        status: Any,
+        outputs: list[Any],
+        keep: Any,
+        finish: Callable[[Any], None] | None,
+        describe: Callable[[], str],
+        deadline: float,
+    ) -> None:
+        self._request = request
+        self._status = status  # an MPI.Status for receives (source_rank), else None
+        self._outputs = outputs
+        self._keep = keep  # the borrowed buffers and scratch, held until completion
+        self._finish = finish
+        self._describe = describe
+        self.deadline = deadline  # monotonic time past which the watchdog ends the job
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._done = False
+        self._error: BaseException | None = None
+        self._source = -1
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
+        self._future: Any = None
+
+    # --- completion (caller holds self._lock) ---------------------------------------
+
+    def _complete(self, error: BaseException | None) -> None:
+        if error is None:
+            try:
+                if self._status is not None:
+                    self._source = self._status.Get_source()
+                if self._finish is not None:
+                    self._finish(self._status)
+            except BaseException as exc:  # noqa: BLE001 - the operation's error, stored
+                error = exc
+        self._error = error
+        self._keep = self._finish = None
+        self._done = True
+        self._event.set()
+        for callback in self._callbacks:
+            _run_callback(callback, error)
+        self._callbacks = []
+
+    def _finished(self, error: BaseException | None) -> None:
+        """Completes a worker-run collective (the worker calls this once it returned)."""
+        with self._lock:
+            self._complete(error)
+
+    def _test(self) -> bool:
+        """One MPI_Test; completes the work when it finished. Caller holds self._lock."""
+        if self._done or self._request is None:
+            return self._done
+        try:
+            finished = self._request.Test(self._status)
+        except Exception as exc:  # noqa: BLE001 - mpi4py raises MPI.Exception
+            self._complete(_wrap(exc, self._describe()))
+            return True
+        if finished:
+            self._complete(None)
+        return finished
+
+    # --- the Work API -------------------------------------------------------------
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Blocks until the operation finished (timeout 0: no limit); True on success,
+        raises its error otherwise. Past a positive timeout, DistTimeoutError (the
+        operation keeps running)."""
+        if not isinstance(timeout, timedelta):
+            raise TypeError(f"Work.wait: timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+        seconds = timeout.total_seconds()
+        if seconds < 0:
+            raise ValueError(f"Work.wait: timeout must not be negative, got {timeout}")
+        if not self._done:
+            if self._request is None:
+                if not self._event.wait(seconds or None):
+                    raise DistTimeoutError(f"Work.wait timed out after {timeout} in {self._describe()}")
+            elif seconds == 0:
+                with self._lock:
+                    if not self._done:
+                        try:
+                            self._request.Wait(self._status)
+                        except Exception as exc:  # noqa: BLE001
+                            self._complete(_wrap(exc, self._describe()))
+                        else:
+                            self._complete(None)
+            else:
+                self._wait_until(time.monotonic() + seconds, timeout)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def _wait_until(self, deadline: float, timeout: timedelta) -> None:
+        delay = 20e-6
+        while True:
+            if self._lock.acquire(blocking=False):
+                try:
+                    if self._test():
+                        return
+                finally:
+                    self._lock.release()
+            elif self._event.wait(delay):
+                return
+            if time.monotonic() >= deadline:
+                raise DistTimeoutError(f"Work.wait timed out after {timeout} in {self._describe()}")
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+
+    def is_completed(self) -> bool:
+        if not self._done and self._lock.acquire(blocking=False):
+            try:
+                self._test()
+            finally:
+                self._lock.release()
+        return self._done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._done else None
+
+    def source_rank(self) -> int:
+        return self._source if self._done and self._error is None else -1
+
+    _source_rank = source_rank
+
+    def result(self) -> list[Any]:
+        if not self._done:
+            raise RuntimeError("Work needs to be completed before calling result(). Should call wait() before result().")
+        return list(self._outputs)
+
+    def synchronize(self) -> None:
+        """Nothing to do for host memory."""
+
+    def _add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self._error)
+
+    def get_future(self) -> Any:
+        """A torch.futures.Future completed with result()'s list, or with the error."""
+        if self._future is None:
+            try:
+                from torch.futures import Future
+            except ImportError:
+                raise RuntimeError("Work.get_future() returns a torch.futures.Future: it needs torch installed") from None
+            future = self._future = Future()
+            outputs = self._outputs
+
+            def settle(error: BaseException | None) -> None:
+                if error is None:
+                    future.set_result(list(outputs))
+                else:
+                    future.set_exception(error)
+
+            self._add_done_callback(settle)
+        return self._future
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done else ("completed" if self._error is None else "failed")
+        return f"<ringtree.mpi Work {self._describe()} {state}>"
+
+
+class CollectiveOrder:
+    """The order of one group's collectives. ``lock`` is held while one runs, on the
+    caller's thread or on the worker; a caller that finds nothing ``pending()`` under it
+    may run its blocking call at once, since the worker takes the next queued call only
+    while it holds the lock. ``submit(run)`` queues a call for the worker thread (started
+    on first use); ``stop()`` lets it run what is queued, then ends it."""
+
+    def __init__(self, name: str) -> None:
+        self.lock = threading.Lock()
+        self._name = name
+        self._queue: deque[Callable[[], None]] = deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def pending(self) -> bool:
+        return bool(self._queue)
+
+    def submit(self, run: Callable[[], None]) -> None:
+        with self._wake:
+            if self._stopping:
+                raise DistBackendError(f"{self._name}: the group is shutting down")
+            self._queue.append(run)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+            with self.lock:
+                run = self._queue.popleft()
+                run()
+
+
+def _run_callback(callback: Callable[[BaseException | None], None], error: BaseException | None) -> None:
+    try:
+        callback(error)
+    except Exception as exc:  # noqa: BLE001 - a user's callback must not break completion
+        sys.unraisablehook(_Unraisable(exc, callback))
+
+
+class _Unraisable:
+    def __init__(self, exc: BaseException, callback: Any) -> None:
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
+        self.err_msg, self.object = "Exception in a ringtree.mpi Work done callback", callback
+
+
+def _wrap(exc: BaseException, what: str) -> BaseException:
+    """An MPI error as ringtree's DistBackendError naming the call."""
+    text = exc.Get_error_string() if hasattr(exc, "Get_error_string") else str(exc)
+    error = DistBackendError(f"{what} failed in the MPI library: {text}")
+    error.__cause__ = exc
+    return error
+
+
+class Progress:
+    """The process's progress and watchdog thread (one for every MPI group).
+
+    ``add(work)`` hands it a pending work; ``engines`` holds every group's engine, whose
+    ``overdue(now)`` names the synchronous call it runs past its deadline (else None).
+    ``abort`` is called with a message when something outlives its deadline (MPI_Abort of
+    the world)."""
+
+    _SPIN = 1e-3  # seconds of short sleeps after new work, before backing off to 1 ms
+
+    def __init__(self, abort: Callable[[str], None]) -> None:
+        self._abort = abort
+        self._pending: list[MpiWork] = []
+        self.engines: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="ringtree-mpi-progress", daemon=True)
+        self._thread.start()
+
+    def add(self, work: MpiWork) -> None:
+        with self._wake:
+            self._pending.append(work)
+            self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        delay = 20e-6
+        while True:
+            with self._wake:
+                if self._stopped:
+                    return
+                if not self._pending:
+                    self._wake.wait(timeout=1.0)
+                    delay = 20e-6
+                pending = list(self._pending)
+            still = []
+            for work in pending:
+                if work._lock.acquire(blocking=False):
+                    try:
+                        if work._test():
+                            continue
+                    finally:
+                        work._lock.release()
+                elif work._done:
+                    continue
+                still.append(work)
+            with self._wake:
+                done = set(map(id, pending)) - set(map(id, still))
+                self._pending = [w for w in self._pending if id(w) not in done]
+            self._check_deadlines(still)
+            if still:
+                time.sleep(delay)
+                delay = min(delay * 2, 1e-3)
+
+    def _check_deadlines(self, pending: list[MpiWork]) -> None:
+        now = time.monotonic()
+        late = [work._describe() for work in pending if now > work.deadline]
+        late += [late_call for engine in list(self.engines) if (late_call := engine.overdue(now)) is not None]
+        if late:
+            self._abort(
+                f"ringtree mpi backend (pid {os.getpid()}): {late[0]} did not complete within its group's timeout; "
+                "an MPI operation cannot be cancelled, so the job is aborted (MPI_Abort)"
+            )
