@@ -9,7 +9,7 @@ rows its rank 0 writes, and stop it on failure or timeout.
   cannot use the launcher's store; nothing is shared with it), named by
   ``RINGTREE_BENCH_STORE``; ``GLOO_SOCKET_IFNAME=lo`` unless set, so gloo runs over
   loopback.
-- mpi: ``mpirun --allow-run-as-root --oversubscribe -n N python -m ringtree.bench ...``
+- mpi and ringtree-mpi: ``mpirun --allow-run-as-root --oversubscribe -n N python -m ringtree.bench ...``
   (plus ``--mpirun-args``).
 
 The launched process (ringtree-run or mpirun) gets ``OMP_NUM_THREADS=1`` unless set, runs
@@ -65,7 +65,7 @@ def availability(system: str) -> str | None:
     """Why ``system`` cannot be launched here (None when it can)."""
     if system == "gloo" and importlib.util.find_spec("torch") is None:
         return "torch is not installed"
-    if system == "mpi":
+    if system in ("mpi", "ringtree-mpi"):
         if shutil.which("mpirun") is None:
             return "mpirun is not on PATH"
         for module in ("mpi4py", "numpy"):
@@ -120,7 +120,7 @@ def _command(system: str, args: argparse.Namespace, worker: list[str], port: int
     the gloo job's store."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    if system == "mpi":
+    if system in ("mpi", "ringtree-mpi"):
         bench = [sys.executable, "-m", "ringtree.bench", *worker]
         return mpirun_command(args.nproc, bench, shlex.split(args.mpirun_args)), env
     if system == "ringtree":
@@ -198,7 +198,7 @@ def run_system(
             proc = subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        label = "mpirun" if system == "mpi" else "ringtree-run"
+        label = "mpirun" if system in ("mpi", "ringtree-mpi") else "ringtree-run"
         try:
             failure = _follow(proc, label, _ResultReader(result_path), result, on_record, start + args.timeout)
         finally:

@@ -39,7 +39,7 @@ TOOLS = {
     "rendezvous-faults": "rendezvous_faults",
     "startup": "startup",
 }
-SYSTEMS = ("ringtree", "gloo", "mpi")
+SYSTEMS = ("ringtree", "ringtree-mpi", "gloo", "mpi")
 REDOPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
 _REDOP_ALIASES = {"product": "prod", "mean": "avg"}
 _BITWISE = ("band", "bor", "bxor")
@@ -400,11 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
         "ringtree, or mpi when started by mpirun without RANK set",
     )
     systems.add_argument(
+        "--backend",
+        choices=("gloo", "mpi"),
+        default=None,
+        help="the backend of the ringtree system: gloo (ringtree's own engine, the default) or mpi "
+        "(ringtree's API over the MPI library, launched by mpirun; the same as --system ringtree-mpi)",
+    )
+    systems.add_argument(
         "--compare",
         type=_systems_arg,
         default=[],
         metavar="LIST",
-        help="with --nproc: also run these systems (comma-separated: gloo,mpi) "
+        help="with --nproc: also run these systems (comma-separated, of ringtree, ringtree-mpi, gloo, mpi) "
         "on the same sizes and print a side-by-side table",
     )
     systems.add_argument(
@@ -480,6 +487,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 parser.error(f"{flag} needs --nproc (this process is one rank of a launched job)")
     elif args.root >= args.nproc:
         parser.error(f"--root {args.root} is not a rank of --nproc {args.nproc}")
+    if args.backend == "mpi":
+        if args.system not in (None, "ringtree", "ringtree-mpi"):
+            parser.error(f"--backend mpi names the ringtree-mpi system, not --system {args.system}")
+        args.system = "ringtree-mpi"
     if args.system is None:
         args.system = "mpi" if args.nproc is None and _started_by_mpirun() else "ringtree"
     args.compare = [name for name in dict.fromkeys(args.compare) if name != args.system]

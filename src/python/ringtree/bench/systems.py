@@ -19,6 +19,8 @@ and to ``MpiSystem.operation``.
   ``reduce_scatter_single(out, in, op)``, ``all_to_all_single(out, in)``; sendrecv as
   ``isend`` to rank + 1 and ``irecv`` from rank - 1, then both waits; pingpong as
   ``send`` then ``recv`` on rank 0, ``recv`` then ``send`` on rank 1.
+- ringtree-mpi: ringtree's calls as for ringtree, on ``init_process_group("mpi")``
+  under mpirun: the layer ringtree adds over the MPI library.
 - mpi: mpi4py's ``COMM_WORLD`` with NumPy buffers: ``Allreduce(IN_PLACE)``, ``Bcast``,
   ``Reduce(IN_PLACE at the root)``, ``Barrier``, ``Allgather``, ``Reduce_scatter_block``,
   ``Alltoall``, ``Sendrecv``, ``Send``/``Recv``; operations that reduce nothing move
@@ -180,11 +182,12 @@ class RingtreeSystem(_TorchStyleSystem):
     """One rank of a ringtree job."""
 
     name = "ringtree"
+    backend: str | None = None  # init_process_group's default: ringtree's own engine
 
     def __init__(self, timeout: timedelta) -> None:
         import ringtree
 
-        ringtree.init_process_group(timeout=timeout)
+        ringtree.init_process_group(self.backend, timeout=timeout)
         super().__init__(ringtree)
         self._store = ringtree.group.WORLD.store
         self._gathers = 0
@@ -328,7 +331,15 @@ class MpiSystem:
         """Nothing to do: mpi4py finalizes MPI at exit."""
 
 
-_SYSTEMS = {cls.name: cls for cls in (RingtreeSystem, GlooSystem, MpiSystem)}
+class RingtreeMpiSystem(RingtreeSystem):
+    """One rank of a ringtree job on backend "mpi", started by mpirun (rank, size and the
+    store come from MPI)."""
+
+    name = "ringtree-mpi"
+    backend = "mpi"
+
+
+_SYSTEMS = {cls.name: cls for cls in (RingtreeSystem, RingtreeMpiSystem, GlooSystem, MpiSystem)}
 
 
 def create(name: str, timeout_s: float) -> RingtreeSystem | GlooSystem | MpiSystem:
