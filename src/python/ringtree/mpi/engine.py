@@ -8,9 +8,9 @@ through the core's buffer checks, ``async_op=True`` returns an MpiWork.
 Each call is one MPI call on the group's own communicator (a duplicate, so a program's
 own MPI traffic never matches ours). This module has the one-buffer calls, which are the
 latency-bound ones: allreduce, broadcast, reduce, barrier, all_gather_into_tensor,
-reduce_scatter_tensor and send/recv are MPI_Allreduce, MPI_Bcast, MPI_Reduce,
-MPI_Barrier, MPI_Allgather, MPI_Reduce_scatter_block and MPI_Send/MPI_Recv on the
-caller's memory (MPI_Isend/MPI_Irecv for isend/irecv), no copy; a synchronous call does
+reduce_scatter_tensor, all_to_all_single in equal parts and send/recv are MPI_Allreduce,
+MPI_Bcast, MPI_Reduce, MPI_Barrier, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall
+and MPI_Send/MPI_Recv on the caller's memory (MPI_Isend/MPI_Irecv for isend/irecv), no copy; a synchronous call does
 one buffer borrow (which also builds the MPI message, in C++), one cached reduction
 look-up and the MPI call on the caller's thread. The list and coalesced calls are in
 packed_collectives.py.
@@ -151,6 +151,24 @@ class MpiEngine(PackedCollectives):
             what, buffer, async_op, comm.Reduce_scatter_block, (send, receive, mpi_op),
             [output], (buffer, keep), self._divide_after(kind, buffer),
         )
+
+    def alltoall_single(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,  # noqa: A002
+                        async_op: bool, algorithm: Any = None) -> MpiWork | None:
+        """Equal parts (no split sizes): MPI_Alltoall; split sizes: MPI_Alltoallv
+        (PackedCollectives)."""
+        what = "all_to_all_single"
+        if output_split_sizes or input_split_sizes or self._closed is not None or algorithm is not None:
+            return super().alltoall_single(output, input, output_split_sizes, input_split_sizes, async_op, algorithm)
+        send, dtype = _mpi_borrow(input, False, what, self._datatypes)
+        receive, output_dtype = _mpi_borrow(output, True, what, self._datatypes)
+        source, target = send[0], receive[0]
+        size = self.size
+        if output_dtype != dtype or send[1] != receive[1] or source.rows % size or target.rows % size:
+            # Not equal parts of one size: the general path says what is wrong.
+            return super().alltoall_single(output, input, None, None, async_op, algorithm)
+        send[1] //= size  # MPI_Alltoall's counts are per rank
+        receive[1] //= size
+        return self._run(what, source, async_op, self._comm.Alltoall, (send, receive), [output], (source, target))
 
     # --- point to point ----------------------------------------------------------------
 
