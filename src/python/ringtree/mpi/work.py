@@ -133,51 +133,38 @@ class MpiWork:
         """Blocks until the operation finished (timeout 0: no limit); True on success,
         raises its error otherwise. Past a positive timeout, DistTimeoutError (the
         operation keeps running)."""
-        if timeout is _NO_TIMEOUT and self._request is not None and not self._done:
-            # The common case, kept short: wait() with no timeout on an MPI request.
-            waiting, thread = self._progress.waiting, threading.get_ident()
-            with self._lock:
-                if not self._done:
-                    waiting[thread] = self  # for the watchdog, while this thread blocks
-                    try:
-                        self._request.Wait(self._status)
-                    except Exception as exc:  # noqa: BLE001
-                        self._complete(_wrap(exc, self._describe()))
-                    else:
-                        self._complete(None)
-                    finally:
-                        del waiting[thread]
-            if self._error is not None:
-                raise self._error
-            return True
-        if not isinstance(timeout, timedelta):
-            raise TypeError(f"Work.wait: timeout must be a datetime.timedelta, got {type(timeout).__name__}")
-        seconds = timeout.total_seconds()
-        if seconds < 0:
-            raise ValueError(f"Work.wait: timeout must not be negative, got {timeout}")
+        if timeout is not _NO_TIMEOUT:  # the default skips the checks: the common, short path
+            if not isinstance(timeout, timedelta):
+                raise TypeError(f"Work.wait: timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+            if timeout.total_seconds() < 0:
+                raise ValueError(f"Work.wait: timeout must not be negative, got {timeout}")
         if not self._done:
+            seconds = 0.0 if timeout is _NO_TIMEOUT else timeout.total_seconds()
             if self._request is None:
                 if not self._event.wait(seconds or None):
                     raise DistTimeoutError(f"Work.wait timed out after {timeout} in {self._describe()}")
             elif seconds == 0:
-                waiting = self._progress.waiting
-                thread = threading.get_ident()
-                with self._lock:
-                    if not self._done:
-                        waiting[thread] = self  # for the watchdog, while this thread blocks
-                        try:
-                            self._request.Wait(self._status)
-                        except Exception as exc:  # noqa: BLE001
-                            self._complete(_wrap(exc, self._describe()))
-                        else:
-                            self._complete(None)
-                        finally:
-                            del waiting[thread]
+                self._wait_request()
             else:
                 self._wait_until(time.monotonic() + seconds, timeout)
         if self._error is not None:
             raise self._error
         return True
+
+    def _wait_request(self) -> None:
+        """Blocks in MPI_Wait, seen by the watchdog meanwhile, and completes the work."""
+        waiting, thread = self._progress.waiting, threading.get_ident()
+        with self._lock:
+            if not self._done:
+                waiting[thread] = self
+                try:
+                    self._request.Wait(self._status)
+                except Exception as exc:  # noqa: BLE001 - mpi4py raises MPI.Exception
+                    self._complete(_wrap(exc, self._describe()))
+                else:
+                    self._complete(None)
+                finally:
+                    waiting.pop(thread, None)  # a callback may have waited on this thread too
 
     def _wait_until(self, deadline: float, timeout: timedelta) -> None:
         delay = 20e-6
