@@ -26,9 +26,17 @@ import ringtree as dist
 
 
 def progress(rank: int) -> None:
+    engine = dist.group.WORLD.engine
+    # Synchronous all_reduce and broadcast take the C path until the first async collective.
+    assert type(engine.allreduce).__name__ == "builtin_function_or_method" and engine._fast.enabled
+    tensor = torch.full((3,), float(rank + 1))
+    dist.all_reduce(tensor)
+    dist.broadcast(tensor, src=1)
+    assert tensor.tolist() == [3.0] * 3 and engine._fast.enabled
     done = threading.Event()
     tensor = torch.full((1000,), float(rank + 1))
     work = dist.all_reduce(tensor, async_op=True)
+    assert not engine._fast.enabled  # the group has a worker now: the ordered Python path
     future = work.get_future()
     future.add_done_callback(lambda _: done.set())
     assert done.wait(30), "the Future was not completed without wait()"

@@ -98,6 +98,9 @@ class EngineBase:
         self._closed: str | None = None
         # The synchronous call running now: (deadline, what, buffer) for the watchdog.
         self._running: tuple[float, str, Any] | None = None
+        # MpiEngine's C calls (_C._MpiFastCalls), if any: told here when they must stop
+        # serving (the group got a worker, or was closed).
+        self._fast: Any = None
         self._order = CollectiveOrder(f"ringtree-mpi-{group_name}")
         progress.engines.add(self)
 
@@ -109,9 +112,17 @@ class EngineBase:
 
     def overdue(self, now: float) -> str | None:
         running = self._running
-        if running is None or now <= running[0]:
-            return None
-        return self._describe(running[1], running[2])
+        if running is not None and now > running[0]:
+            return self._describe(running[1], running[2])
+        late = self._fast.overdue(now) if self._fast is not None else None
+        if late is not None:
+            what, dtype, count = late
+            return f"rank {self._global_rank}: {what} ({dtype}, {count} elements) on group {self._group_name!r} (MPI)"
+        return None
+
+    def _raise_mpi_error(self, what: str, buffer: Any, exc: BaseException) -> None:
+        """Raises an MPI error of ``what`` as ringtree's (the C calls' error path)."""
+        raise _wrap(exc, self._describe(what, buffer))
 
     def _check(self, what: str, algorithm: Any) -> None:
         if self._closed is not None:
@@ -192,6 +203,10 @@ class EngineBase:
 
     def _submit(self, what: str, buffer: Any, function: Callable[..., Any], args: tuple[Any, ...],
                 outputs: list[Any], keep: Any, finish: Callable[[Any], None] | None) -> MpiWork:
+        if self._fast is not None:
+            # From now on synchronous calls may have to queue behind the worker's: only the
+            # Python path, which takes the group's order lock, knows how.
+            self._fast.enabled = False
         work = MpiWork(None, None, outputs, keep, finish, lambda: self._describe(what, buffer), float("inf"))
 
         def run() -> None:
@@ -285,6 +300,8 @@ class EngineBase:
         pending on it first)."""
         if self._closed is None:
             self._closed = f"group {self._group_name!r} has been destroyed"
+            if self._fast is not None:
+                self._fast.enabled = False
             self._order.stop()  # after the queued collectives ran
             self._progress.engines.discard(self)
             if not self._MPI.Is_finalized():
@@ -295,6 +312,8 @@ class EngineBase:
         running keeps running (the watchdog ends the job if it outlives the timeout)."""
         if self._closed is None:
             self._closed = f"group {self._group_name!r} has been aborted"
+            if self._fast is not None:
+                self._fast.enabled = False
 
 
 class Whole:

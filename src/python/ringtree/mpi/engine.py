@@ -37,7 +37,28 @@ _mpi_borrow = _C._mpi_borrow
 
 
 class MpiEngine(PackedCollectives):
-    """The MPI side of one group (see the module docstring)."""
+    """The MPI side of one group (see the module docstring).
+
+    An instance's allreduce, broadcast, reduce, allgather_single, reduce_scatter_single,
+    alltoall_single, send and recv are C calls (_C._MpiFastCalls): they serve the
+    synchronous calls of a group that never ran an asynchronous collective, with a cached
+    reduction that needs no scaling and buffers that match, and hand every other call to
+    the methods of this class, which do everything. Collectives of one group must come
+    from one thread at a time, as MPI requires of a communicator's collectives.
+    """
+
+    _FAST = ("allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single",
+             "send", "recv")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        fast = _C._MpiFastCalls(
+            self._comm, self, self._datatypes, self._op_cache, self._in_place, self._raise_mpi_error,
+            self._mpi_error, self.rank, self.size, self._tag_ub, self._timeout,
+        )
+        self._fast = fast
+        for name in self._FAST:
+            setattr(self, name, getattr(fast, name))
 
     def allreduce(self, tensor: Any, op: Any, async_op: bool, algorithm: Any = None) -> MpiWork | None:
         if self._closed is not None or algorithm is not None:
