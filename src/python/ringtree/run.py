@@ -30,7 +30,9 @@ Workers run in their own process groups. Their stdout and stderr are pipes the l
 reads and writes through to its own stdout and stderr in whole lines, so the lines of
 several workers never mix (whatever their buffering); the last lines of each worker's
 stderr are kept for the failure report. When a worker fails (non-zero exit or killed by a
-signal) the others get SIGTERM, then SIGKILL after a grace period; the launcher reports
+signal) the others get half a second to exit on their own (to notice the failure and tell
+their peers, on other hosts too, which rank caused it), then SIGTERM, then SIGKILL after a
+grace period; the launcher reports
 the first failure (rank, pid, exit code or signal, stderr tail) and exits with that
 worker's exit code (1 when it was killed by a signal). SIGINT, SIGTERM, SIGHUP and
 SIGQUIT sent to the launcher are forwarded to every worker (SIGKILL follows after the
@@ -71,6 +73,10 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 GRACE_PERIOD_S = 3.0
 # Upper bound on one wait of the monitor loop; exits and signals wake it earlier.
 _MONITOR_WAKE_S = 1.0
+#: Seconds the other workers get to exit on their own after one failed, before SIGTERM: a
+#: rank on this host notices a dead local peer within ~50 ms and sends its peers on other
+#: hosts a notice naming it; a SIGTERM before that leaves them naming only this rank.
+_FAILURE_SETTLE_S = 0.5
 # Seconds to wait for a worker's output pipes to reach end of file after the worker
 # exited (a process that escaped the worker's process group may hold them open).
 _DRAIN_S = 1.0
@@ -588,6 +594,7 @@ class _Launcher:
             self._stop(signal.SIGTERM)
             return 1
         if failures:
+            self._settle(_FAILURE_SETTLE_S)
             self._stop(signal.SIGTERM)
             # Workers of this node often fail because node rank 0 went away with its
             # launcher: say so when the store is gone too.
@@ -651,6 +658,16 @@ class _Launcher:
                 pass
         except BlockingIOError:
             pass
+
+    def _settle(self, seconds: float) -> None:
+        """Waits up to ``seconds`` (less if a signal arrives) for the running workers to
+        exit on their own."""
+        deadline = time.monotonic() + seconds
+        while not self._signals and any(not w.exited() for w in self._workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wait(min(left, 0.05))
 
     def _stop(self, signum: int) -> None:
         """Send ``signum`` to the running workers, wait up to the grace period for them to
