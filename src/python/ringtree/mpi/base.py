@@ -107,18 +107,19 @@ class EngineBase:
     # --- plumbing ---------------------------------------------------------------------
 
     def _describe(self, what: str, buffer: Any = None) -> str:
-        detail = f" ({buffer.dtype}, {buffer.count} elements)" if buffer is not None else ""
+        return self._describe_call(what, None if buffer is None else (buffer.dtype, buffer.count))
+
+    def _describe_call(self, what: str, data: tuple[str, int] | None) -> str:
+        detail = f" ({data[0]}, {data[1]} elements)" if data is not None else ""
         return f"rank {self._global_rank}: {what}{detail} on group {self._group_name!r} (MPI)"
 
     def overdue(self, now: float) -> str | None:
+        """The call this group runs past its deadline (Python path or C calls), else None."""
         running = self._running
         if running is not None and now > running[0]:
             return self._describe(running[1], running[2])
         late = self._fast.overdue(now) if self._fast is not None else None
-        if late is not None:
-            what, dtype, count = late
-            return f"rank {self._global_rank}: {what} ({dtype}, {count} elements) on group {self._group_name!r} (MPI)"
-        return None
+        return None if late is None else self._describe_call(late[0], (late[1], late[2]))
 
     def _raise_mpi_error(self, what: str, buffer: Any, exc: BaseException) -> None:
         """Raises an MPI error of ``what`` as ringtree's (the C calls' error path)."""
@@ -178,25 +179,12 @@ class EngineBase:
         this thread when nothing is queued before it (then ``finish``), else through the
         group's worker thread, which runs the asynchronous ones (see CollectiveOrder)."""
         if not async_op:
-            order = self._order
-            lock = order.lock
-            if not lock.acquire(False):
-                lock.acquire()
-            try:
-                if not order.queue:
-                    # _call, inlined: this is every small synchronous collective's path.
-                    self._running = (_monotonic() + self._timeout, what, buffer)
-                    try:
-                        function(*args)
-                    except self._mpi_error as exc:
-                        raise _wrap(exc, self._describe(what, buffer))  # noqa: B904
-                    finally:
-                        self._running = None
+            with self._order.lock:
+                if not self._order.queue:
+                    self._call(what, buffer, function, args)
                     if finish is not None:
                         finish(None)
                     return None
-            finally:
-                lock.release()
             self._submit(what, buffer, function, args, outputs, keep, finish).wait()
             return None
         return self._submit(what, buffer, function, args, outputs, keep, finish)
@@ -236,15 +224,16 @@ class EngineBase:
         """(MPI op, op code, factor) of ``op`` on ``dtype``, cached by (dtype, op);
         ValueError/TypeError for an op the engine does not define on the type."""
         key = (dtype, op)
-        cached = self._op_cache.get(key)
+        try:
+            cached = self._op_cache.get(key)
+        except TypeError:  # an unhashable op object: worked out on every call
+            key, cached = None, None
         if cached is None:
             code, factor = op_code(op)
             reduction = self._reductions.get(dtype, code, what)
             cached = (reduction.op, reduction.kind, factor)
-            try:
+            if key is not None:
                 self._op_cache[key] = cached
-            except TypeError:  # an unhashable op object: not cached
-                pass
         return cached
 
     def _divide_after(self, kind: int, *targets: Any) -> Callable[[Any], None] | None:

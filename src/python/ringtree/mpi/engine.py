@@ -10,10 +10,9 @@ own MPI traffic never matches ours). This module has the one-buffer calls, which
 latency-bound ones: allreduce, broadcast, reduce, barrier, all_gather_into_tensor,
 reduce_scatter_tensor, all_to_all_single in equal parts and send/recv are MPI_Allreduce,
 MPI_Bcast, MPI_Reduce, MPI_Barrier, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall
-and MPI_Send/MPI_Recv on the caller's memory (MPI_Isend/MPI_Irecv for isend/irecv), no copy; a synchronous call does
-one buffer borrow (which also builds the MPI message, in C++), one cached reduction
-look-up and the MPI call on the caller's thread. The list and coalesced calls are in
-packed_collectives.py.
+and MPI_Send/MPI_Recv on the caller's memory (MPI_Isend/MPI_Irecv for isend/irecv), no
+copy. The synchronous ones are served in C (see MpiEngine); the methods here are the full
+path, with every check. The list and coalesced calls are in packed_collectives.py.
 
 Counts are MPI ints: a buffer (or packed list) of 2**31 elements or more raises
 ValueError. Reductions: see reductions.py.
@@ -61,11 +60,10 @@ class MpiEngine(PackedCollectives):
             setattr(self, name, getattr(fast, name))
 
     def allreduce(self, tensor: Any, op: Any, async_op: bool, algorithm: Any = None) -> MpiWork | None:
-        if self._closed is not None or algorithm is not None:
-            self._check("all_reduce", algorithm)
+        self._check("all_reduce", algorithm)
         message, dtype = _mpi_borrow(tensor, True, "all_reduce", self._datatypes)
         buffer = message[0]
-        mpi_op, kind, factor = self._op_cache.get((dtype, op)) or self._reduction(dtype, op, "all_reduce")
+        mpi_op, kind, factor = self._reduction(dtype, op, "all_reduce")
         if kind == PREMUL_SUM:
             scale(buffer, factor)
         return self._run(
@@ -74,24 +72,20 @@ class MpiEngine(PackedCollectives):
         )
 
     def broadcast(self, tensor: Any, root: int, async_op: bool, algorithm: Any = None) -> MpiWork | None:
-        if self._closed is not None or algorithm is not None:
-            self._check("broadcast", algorithm)
-        if not 0 <= root < self.size:
-            self._check_root(root, "broadcast")
+        self._check("broadcast", algorithm)
+        self._check_root(root, "broadcast")
         message, _ = _mpi_borrow(tensor, root != self.rank, "broadcast", self._datatypes)
         buffer = message[0]
         comm = self._comm
         return self._run("broadcast", buffer, async_op, comm.Bcast, (message, root), [tensor], buffer)
 
     def reduce(self, tensor: Any, root: int, op: Any, async_op: bool, algorithm: Any = None) -> MpiWork | None:
-        if self._closed is not None or algorithm is not None:
-            self._check("reduce", algorithm)
-        if not 0 <= root < self.size:
-            self._check_root(root, "reduce")
+        self._check("reduce", algorithm)
+        self._check_root(root, "reduce")
         is_root = root == self.rank
         message, dtype = _mpi_borrow(tensor, is_root, "reduce", self._datatypes)
         buffer = message[0]
-        mpi_op, kind, factor = self._op_cache.get((dtype, op)) or self._reduction(dtype, op, "reduce")
+        mpi_op, kind, factor = self._reduction(dtype, op, "reduce")
         keep = buffer
         if is_root:
             if kind == PREMUL_SUM:
@@ -109,8 +103,7 @@ class MpiEngine(PackedCollectives):
         )
 
     def barrier(self, timeout: timedelta | None, async_op: bool) -> MpiWork | None:
-        if self._closed is not None:
-            self._check("barrier", None)
+        self._check("barrier", None)
         comm = self._comm
         if timeout is None or async_op:
             return self._run("barrier", None, async_op, comm.Barrier, (), [], None)
@@ -129,8 +122,7 @@ class MpiEngine(PackedCollectives):
     def allgather_single(self, output_tensor: Any, input_tensor: Any, async_op: bool,
                          algorithm: Any = None) -> MpiWork | None:
         what = "all_gather_into_tensor"
-        if self._closed is not None or algorithm is not None:
-            self._check(what, algorithm)
+        self._check(what, algorithm)
         send, dtype = _mpi_borrow(input_tensor, False, what, self._datatypes)
         buffer = send[0]
         receive, output_dtype = _mpi_borrow(output_tensor, True, what, self._datatypes)
@@ -149,8 +141,7 @@ class MpiEngine(PackedCollectives):
     def reduce_scatter_single(self, output: Any, input: Any, op: Any, async_op: bool,  # noqa: A002 (torch's name)
                               algorithm: Any = None) -> MpiWork | None:
         what = "reduce_scatter_tensor"
-        if self._closed is not None or algorithm is not None:
-            self._check(what, algorithm)
+        self._check(what, algorithm)
         receive, dtype = _mpi_borrow(output, True, what, self._datatypes)
         buffer = receive[0]
         send, source_dtype = _mpi_borrow(input, False, what, self._datatypes)
@@ -161,7 +152,7 @@ class MpiEngine(PackedCollectives):
                 f"{what}: input must hold world_size ({self.size}) times the output's {receive[1]} elements, "
                 f"got {send[1]}"
             )
-        mpi_op, kind, factor = self._op_cache.get((dtype, op)) or self._reduction(dtype, op, what)
+        mpi_op, kind, factor = self._reduction(dtype, op, what)
         keep = source
         if kind == PREMUL_SUM:  # the input must stay unchanged: scale a copy
             keep = self._scaled_copy(source, factor)
@@ -194,16 +185,14 @@ class MpiEngine(PackedCollectives):
     # --- point to point ----------------------------------------------------------------
 
     def send(self, tensor: Any, dst: int, tag: int) -> None:
-        if self._closed is not None or not 0 <= dst < self.size or dst == self.rank or not 0 <= tag <= self._tag_ub:
-            self._check_p2p("send", dst, tag, False)
+        self._check_p2p("send", dst, tag, False)
         message, _ = _mpi_borrow(tensor, False, "send", self._datatypes)
         buffer = message[0]
         comm = self._comm
         self._call("send", buffer, comm.Send, (message, dst, tag))
 
     def isend(self, tensor: Any, dst: int, tag: int) -> MpiWork:
-        if self._closed is not None or not 0 <= dst < self.size or dst == self.rank or not 0 <= tag <= self._tag_ub:
-            self._check_p2p("isend", dst, tag, False)
+        self._check_p2p("isend", dst, tag, False)
         message, _ = _mpi_borrow(tensor, False, "isend", self._datatypes)
         buffer = message[0]
         comm = self._comm
@@ -211,8 +200,7 @@ class MpiEngine(PackedCollectives):
 
     def recv(self, tensor: Any, src: int, tag: int) -> int:
         """Returns the sender's group rank (src = -1: any rank)."""
-        if self._closed is not None or not -1 <= src < self.size or src == self.rank or not 0 <= tag <= self._tag_ub:
-            self._check_p2p("recv", src, tag, True)
+        self._check_p2p("recv", src, tag, True)
         message, _ = _mpi_borrow(tensor, True, "recv", self._datatypes)
         buffer = message[0]
         comm = self._comm
@@ -224,8 +212,7 @@ class MpiEngine(PackedCollectives):
         return status.Get_source()
 
     def irecv(self, tensor: Any, src: int, tag: int) -> MpiWork:
-        if self._closed is not None or not -1 <= src < self.size or src == self.rank or not 0 <= tag <= self._tag_ub:
-            self._check_p2p("irecv", src, tag, True)
+        self._check_p2p("irecv", src, tag, True)
         message, _ = _mpi_borrow(tensor, True, "irecv", self._datatypes)
         buffer = message[0]
         source = self._any_source if src == -1 else src
