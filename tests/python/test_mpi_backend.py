@@ -57,6 +57,13 @@ def test_async_work_progress_and_mixed_async():
 
 
 @needs_mpi
+def test_isend_irecv_works():
+    proc, _ = mpirun(2, str(HERE / "mpi_behaviour_program.py"), "p2p")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("p2p: ok") == 2
+
+
+@needs_mpi
 def test_barrier_timeout_raises_and_the_group_goes_on():
     proc, elapsed = mpirun(2, str(HERE / "mpi_behaviour_program.py"), "barrier-timeout")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -76,13 +83,15 @@ def test_a_killed_rank_ends_the_job_within_seconds():
 
 
 @needs_mpi
-def test_a_peer_that_never_comes_ends_the_job_at_the_group_timeout():
+@pytest.mark.parametrize(("mode", "call"), [("hang", "all_reduce (float32, 4 elements)"),
+                                            ("hang-irecv", "irecv (float32, 2 elements)")])
+def test_a_peer_that_never_comes_ends_the_job_at_the_group_timeout(mode, call):
     script = str(HERE / "mpi_behaviour_program.py")
-    proc, elapsed = mpirun(2, script, "hang", timeout=90)
+    proc, elapsed = mpirun(2, script, mode, timeout=90)
     assert proc.returncode != 0
     assert elapsed < 30, elapsed  # group timeout 3 s; rank 1 would sleep 120 s
-    assert ("rank 0: all_reduce (float32, 4 elements) on group '0' (MPI) did not complete within its group's "
-            "timeout") in proc.stderr, proc.stderr
+    assert f"rank 0: {call} on group '0' (MPI) did not complete within its group's timeout" in proc.stderr, \
+        proc.stderr
     assert leftover_processes(script) == []
 
 

@@ -9,31 +9,37 @@
 #include <ringtree/types.h>
 
 #include "borrowed_buffer.h"
+#include "mpi_request_work.h"
 
 namespace py = pybind11;
 
-// _MpiFastCalls: the synchronous one-buffer calls of one MpiEngine, in C -- the calls
-// small-message latency rides on (all_reduce, broadcast, reduce, all_gather_into_tensor,
-// reduce_scatter_tensor, all_to_all_single in equal parts, send, recv from a given rank).
-// Each takes the engine method's arguments. A call it does not serve as is goes to the
-// engine's Python method of the same name, which does everything: async_op, algorithm=,
-// split sizes, a closed group or one that has a worker for async collectives (enabled
-// false), a reduction not yet cached or needing AVG/PREMUL_SUM scaling, a root, peer or
-// tag out of range, buffers that do not match (the Python method says how). Served: the
-// borrow and message (as _mpi_borrow), the cached (dtype, op) -> (MPI op, kind, factor)
-// look-up, the watchdog record (overdue()), one vectorcall of the bound mpi4py method. An
+// _MpiFastCalls: the one-buffer calls of one MpiEngine, in C -- the calls small-message
+// latency rides on: the synchronous all_reduce, broadcast, reduce, all_gather_into_tensor,
+// reduce_scatter_tensor, all_to_all_single in equal parts, send and recv from a given
+// rank, and isend/irecv (any source too), which return an _MpiRequestWork. Each takes the
+// engine method's arguments. A call it does not serve as is goes to the engine's Python
+// method of the same name, which does everything: async_op, algorithm=, split sizes, a
+// closed group (closed true: every call), a group that has a worker for async collectives
+// (enabled false: the collectives), a reduction not yet cached or needing AVG/PREMUL_SUM
+// scaling, a root, peer or tag out of range or not a plain int, buffers that do not match
+// (the Python method says how). Served: the borrow and message (as _mpi_borrow), the
+// cached (dtype, op) -> (MPI op, kind, factor) look-up, the watchdog record (overdue();
+// a request work carries its own deadline), one vectorcall of the bound mpi4py method. An
 // MPI error goes through raise_error(what, borrowed, exception), which raises ringtree's.
 namespace ringtree::python {
 
 namespace {
 
-enum Call : size_t { kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter, kAlltoall, kSend, kRecv, kNumCalls };
+enum Call : size_t {
+  kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter, kAlltoall, kSend, kRecv, kIsend, kIrecv, kNumCalls
+};
 
 // The mpi4py method each call makes, and the engine method it hands other calls to.
 constexpr std::array<const char*, kNumCalls> kMpiMethods = {
-    "Allreduce", "Bcast", "Reduce", "Allgather", "Reduce_scatter_block", "Alltoall", "Send", "Recv"};
+    "Allreduce", "Bcast", "Reduce", "Allgather", "Reduce_scatter_block", "Alltoall", "Send", "Recv", "Isend", "Irecv"};
 constexpr std::array<const char*, kNumCalls> kEngineMethods = {
-    "allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single", "send", "recv"};
+    "allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single", "send", "recv",
+    "isend", "irecv"};
 
 struct FastCalls {
   PyObject_HEAD
@@ -44,11 +50,15 @@ struct FastCalls {
   PyObject* opCache;          // dict (dtype name, op) -> (MPI op, kind, factor)
   PyObject* raiseError;
   PyObject* mpiError;         // MPI.Exception
+  PyObject* statusType;       // MPI.Status
+  PyObject* anySource;        // MPI.ANY_SOURCE
+  RequestWorkHelpers helpers;  // what isend/irecv's works need
   int rank;
   int size;
   long tagBound;              // MPI_TAG_UB
   double timeout;
   int enabled;
+  int closed;
   // The call running now, for the watchdog (written and read with the GIL held).
   const char* runningWhat;
   double runningDeadline;
@@ -112,20 +122,9 @@ void setCount(PyObject* message, size_t count) {
   PyList_SetItem(message, 1, value);  // steals value, drops the old count
 }
 
-// Runs the mpi4py call `call` with args as the running call `what` on `message`; an MPI
-// error raised as ringtree's. Returns Py_None (new reference), or null.
-PyObject* run(FastCalls* self, Call call, const char* what, PyObject* const* args, size_t nargs, PyObject* message,
-              DataType type) {
-  self->runningWhat = what;
-  self->runningDeadline = monotonicSeconds() + self->timeout;
-  self->runningType = type;
-  self->runningCount = countOf(message);
-  PyObject* result = PyObject_Vectorcall(self->mpi[call], args, nargs, nullptr);
-  self->runningWhat = nullptr;
-  if (result != nullptr) {
-    Py_DECREF(result);
-    Py_RETURN_NONE;
-  }
+// With the mpi4py call of `what` on `message` failed: raises its MPI error as ringtree's
+// (other errors as they are); returns null.
+PyObject* raiseMpiError(FastCalls* self, const char* what, PyObject* message) {
   if (!PyErr_ExceptionMatches(self->mpiError)) return nullptr;
   PyObject *errorType, *error, *traceback;
   PyErr_Fetch(&errorType, &error, &traceback);
@@ -141,6 +140,37 @@ PyObject* run(FastCalls* self, Call call, const char* what, PyObject* const* arg
   Py_XDECREF(traceback);
   Py_XDECREF(raised);  // raise_error raises; a value it returned is dropped
   return nullptr;
+}
+
+// Runs the mpi4py call `call` with args as the running call `what` on `message`; an MPI
+// error raised as ringtree's. Returns Py_None (new reference), or null.
+PyObject* run(FastCalls* self, Call call, const char* what, PyObject* const* args, size_t nargs, PyObject* message,
+              DataType type) {
+  self->runningWhat = what;
+  self->runningDeadline = monotonicSeconds() + self->timeout;
+  self->runningType = type;
+  self->runningCount = countOf(message);
+  PyObject* result = PyObject_Vectorcall(self->mpi[call], args, nargs, nullptr);
+  self->runningWhat = nullptr;
+  if (result != nullptr) {
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+  }
+  return raiseMpiError(self, what, message);
+}
+
+// Starts the nonblocking mpi4py call `call` (Isend, Irecv) with args as `what` on
+// `message` of `tensor`; its work, or null with ringtree's error. `status` (stolen, may be
+// null) and `source`: as newRequestWork's.
+PyObject* start(FastCalls* self, Call call, const char* what, PyObject* const* args, PyObject* message,
+                PyObject* status, PyObject* tensor, long source) {
+  PyObject* request = PyObject_Vectorcall(self->mpi[call], args, 3, nullptr);
+  if (request == nullptr) {
+    Py_XDECREF(status);
+    return raiseMpiError(self, what, message);
+  }
+  return newRequestWork(reinterpret_cast<PyObject*>(self), &self->helpers, what, request, status, tensor,
+                        PyList_GET_ITEM(message, 0), source, monotonicSeconds() + self->timeout);
 }
 
 // allreduce(tensor, op, async_op, algorithm=None)
@@ -270,18 +300,21 @@ PyObject* alltoall(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
-// send(tensor, dst, tag) and recv(tensor, src, tag) from a given rank (the Python way takes
-// any-source receives, which must report the sender).
-bool peerAndTag(FastCalls* self, PyObject* const* args, Py_ssize_t nargs, long* peer) {
+// Point to point: send(tensor, dst, tag), recv(tensor, src, tag) from a given rank (the
+// Python way takes any-source receives, which must report the sender), isend(tensor, dst,
+// tag), irecv(tensor, src, tag) with src -1 for any rank. They do not depend on the
+// group's collective order: served until the group is closed. Whether the call's peer
+// (-1 too where `anySource`) and tag are plain ints the call takes.
+bool peerAndTag(FastCalls* self, PyObject* const* args, Py_ssize_t nargs, bool anySource, long* peer) {
   long tag = 0;
-  return self->enabled && nargs == 3 && smallInt(args[1], 0, self->size, peer) && *peer != self->rank &&
-         smallInt(args[2], 0, self->tagBound + 1, &tag);
+  return !self->closed && nargs == 3 && smallInt(args[1], anySource ? -1 : 0, self->size, peer) &&
+         *peer != self->rank && smallInt(args[2], 0, self->tagBound + 1, &tag);
 }
 
 PyObject* send(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<FastCalls*>(object);
   long peer = 0;
-  if (!peerAndTag(self, args, nargs, &peer)) return slowly(self, kSend, args, nargs);
+  if (!peerAndTag(self, args, nargs, false, &peer)) return slowly(self, kSend, args, nargs);
   try {
     DataType type{};
     py::object message = mpiMessage(args[0], false, "send", self->datatypes, &type);
@@ -295,7 +328,7 @@ PyObject* send(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* recv(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<FastCalls*>(object);
   long peer = 0;
-  if (!peerAndTag(self, args, nargs, &peer)) return slowly(self, kRecv, args, nargs);
+  if (!peerAndTag(self, args, nargs, false, &peer)) return slowly(self, kRecv, args, nargs);
   try {
     DataType type{};
     py::object message = mpiMessage(args[0], true, "recv", self->datatypes, &type);
@@ -305,6 +338,36 @@ PyObject* recv(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
     Py_DECREF(done);
     Py_INCREF(args[1]);
     return args[1];  // the sender's group rank
+  } catch (...) {
+    return raiseCurrentException();
+  }
+}
+
+PyObject* isend(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<FastCalls*>(object);
+  long peer = 0;
+  if (!peerAndTag(self, args, nargs, false, &peer)) return slowly(self, kIsend, args, nargs);
+  try {
+    DataType type{};
+    py::object message = mpiMessage(args[0], false, "isend", self->datatypes, &type);
+    PyObject* call[3] = {message.ptr(), args[1], args[2]};
+    return start(self, kIsend, "isend", call, message.ptr(), nullptr, args[0], -1);
+  } catch (...) {
+    return raiseCurrentException();
+  }
+}
+
+PyObject* irecv(PyObject* object, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<FastCalls*>(object);
+  long peer = 0;
+  if (!peerAndTag(self, args, nargs, true, &peer)) return slowly(self, kIrecv, args, nargs);
+  try {
+    DataType type{};
+    py::object message = mpiMessage(args[0], true, "irecv", self->datatypes, &type);
+    PyObject* status = nullptr;  // an any-source receive's, which names the sender
+    if (peer == -1 && (status = PyObject_CallNoArgs(self->statusType)) == nullptr) return nullptr;
+    PyObject* call[3] = {message.ptr(), peer == -1 ? self->anySource : args[1], args[2]};
+    return start(self, kIrecv, "irecv", call, message.ptr(), status, args[0], peer);
   } catch (...) {
     return raiseCurrentException();
   }
@@ -321,18 +384,23 @@ PyObject* overdue(PyObject* object, PyObject* now) {
 }
 
 // _MpiFastCalls(comm, engine, datatypes, op_cache, in_place, raise_error, mpi_error, rank,
-// size, tag_ub, timeout): `engine`'s class methods named in kEngineMethods, bound to it,
-// take what the C calls do not serve.
+// size, tag_ub, timeout, status_type, any_source, progress, wrap, future_of, run_callback,
+// timeout_error): `engine`'s class methods named in kEngineMethods, bound to it, take what
+// the C calls do not serve; the last seven are what the request works need (see
+// RequestWorkHelpers; progress gives its waiting dict and add method).
 PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  PyObject *comm, *engine, *datatypes, *opCache, *inPlace, *raiseError, *mpiError;
+  PyObject *comm, *engine, *datatypes, *opCache, *inPlace, *raiseError, *mpiError, *statusType, *anySource, *progress,
+      *wrap, *futureOf, *runCallback, *timeoutError;
   int rank = 0, size = 0;
   long tagBound = 0;
   double timeout = 0;
   static const char* names[] = {"comm", "engine", "datatypes", "op_cache", "in_place", "raise_error", "mpi_error",
-                                "rank", "size", "tag_ub", "timeout", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OOOiild:_MpiFastCalls", const_cast<char**>(names), &comm,
-                                   &engine, &PyTuple_Type, &datatypes, &PyDict_Type, &opCache, &inPlace, &raiseError,
-                                   &mpiError, &rank, &size, &tagBound, &timeout)) {
+                                "rank", "size", "tag_ub", "timeout", "status_type", "any_source", "progress", "wrap",
+                                "future_of", "run_callback", "timeout_error", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OOOiildOOOOOOO:_MpiFastCalls", const_cast<char**>(names),
+                                   &comm, &engine, &PyTuple_Type, &datatypes, &PyDict_Type, &opCache, &inPlace,
+                                   &raiseError, &mpiError, &rank, &size, &tagBound, &timeout, &statusType, &anySource,
+                                   &progress, &wrap, &futureOf, &runCallback, &timeoutError)) {
     return nullptr;
   }
   if (!checkDatatypes(datatypes, "_MpiFastCalls")) return nullptr;
@@ -346,8 +414,19 @@ PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     self->slow[call] = function ? PyMethod_New(function.ptr(), engine) : nullptr;
     if (self->mpi[call] == nullptr || self->slow[call] == nullptr) return nullptr;
   }
-  PyObject** slots[] = {&self->inPlace, &self->datatypes, &self->opCache, &self->raiseError, &self->mpiError};
-  PyObject* values[] = {inPlace, datatypes, opCache, raiseError, mpiError};
+  RequestWorkHelpers& helpers = self->helpers;
+  helpers.waiting = PyObject_GetAttrString(progress, "waiting");
+  helpers.progressAdd = PyObject_GetAttrString(progress, "add");
+  if (helpers.waiting == nullptr || helpers.progressAdd == nullptr) return nullptr;
+  if (!PyDict_Check(helpers.waiting)) {
+    PyErr_SetString(PyExc_TypeError, "_MpiFastCalls: progress.waiting must be a dict");
+    return nullptr;
+  }
+  PyObject** slots[] = {&self->inPlace,    &self->datatypes,  &self->opCache,   &self->raiseError,
+                        &self->mpiError,   &self->statusType, &self->anySource, &helpers.engine,
+                        &helpers.wrap,     &helpers.futureOf, &helpers.runCallback, &helpers.timeoutError};
+  PyObject* values[] = {inPlace, datatypes, opCache, raiseError, mpiError, statusType, anySource, engine,
+                        wrap,    futureOf,  runCallback, timeoutError};
   for (size_t index = 0; index < std::size(slots); ++index) {
     Py_INCREF(values[index]);
     *slots[index] = values[index];
@@ -357,6 +436,7 @@ PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->tagBound = tagBound;
   self->timeout = timeout;
   self->enabled = 1;
+  self->closed = 0;
   self->runningWhat = nullptr;
   return owner.release().ptr();
 }
@@ -373,6 +453,16 @@ int traverse(PyObject* object, visitproc visit, void* arg) {
   Py_VISIT(self->opCache);
   Py_VISIT(self->raiseError);
   Py_VISIT(self->mpiError);
+  Py_VISIT(self->statusType);
+  Py_VISIT(self->anySource);
+  const RequestWorkHelpers& helpers = self->helpers;
+  Py_VISIT(helpers.engine);
+  Py_VISIT(helpers.waiting);
+  Py_VISIT(helpers.progressAdd);
+  Py_VISIT(helpers.wrap);
+  Py_VISIT(helpers.futureOf);
+  Py_VISIT(helpers.runCallback);
+  Py_VISIT(helpers.timeoutError);
   return 0;
 }
 
@@ -387,6 +477,16 @@ int clear(PyObject* object) {
   Py_CLEAR(self->opCache);
   Py_CLEAR(self->raiseError);
   Py_CLEAR(self->mpiError);
+  Py_CLEAR(self->statusType);
+  Py_CLEAR(self->anySource);
+  RequestWorkHelpers& helpers = self->helpers;
+  Py_CLEAR(helpers.engine);
+  Py_CLEAR(helpers.waiting);
+  Py_CLEAR(helpers.progressAdd);
+  Py_CLEAR(helpers.wrap);
+  Py_CLEAR(helpers.futureOf);
+  Py_CLEAR(helpers.runCallback);
+  Py_CLEAR(helpers.timeoutError);
   return 0;
 }
 
@@ -412,6 +512,8 @@ PyMethodDef methods[] = {
     {"alltoall_single", fastcall<alltoall>(), METH_FASTCALL, "As MpiEngine.alltoall_single."},
     {"send", fastcall<send>(), METH_FASTCALL, "As MpiEngine.send."},
     {"recv", fastcall<recv>(), METH_FASTCALL, "As MpiEngine.recv."},
+    {"isend", fastcall<isend>(), METH_FASTCALL, "As MpiEngine.isend."},
+    {"irecv", fastcall<irecv>(), METH_FASTCALL, "As MpiEngine.irecv."},
     {"overdue", &overdue, METH_O,
      "overdue(now): (what, dtype, count) of the call running past its deadline (time.monotonic() seconds), else "
      "None."},
@@ -420,7 +522,8 @@ PyMethodDef methods[] = {
 
 PyMemberDef members[] = {
     {"enabled", T_INT, offsetof(FastCalls, enabled), 0,
-     "False sends every call the Python way (set once the group has a worker, or is closed)."},
+     "False sends every collective the Python way (set once the group has a worker, or is closed)."},
+    {"closed", T_INT, offsetof(FastCalls, closed), 0, "True sends every call the Python way (the group is closed)."},
     {nullptr, 0, 0, 0, nullptr},
 };
 

@@ -14,6 +14,7 @@
 
 #include "borrowed_buffer.h"
 #include "mpi_fast_calls.h"
+#include "mpi_request_work.h"
 
 namespace py = pybind11;
 
@@ -92,6 +93,7 @@ uint64_t createReduceOp(const std::string& library, const std::string& typeName,
 
 void initMpiSupport(py::module_& m) {
   initBorrowedBuffer(m);
+  initRequestWork(m);
   initMpiFastCalls(m);
   m.def(
       "_check_reduction",

@@ -195,7 +195,7 @@ class EngineBase:
             # From now on synchronous calls may have to queue behind the worker's: only the
             # Python path, which takes the group's order lock, knows how.
             self._fast.enabled = False
-        work = MpiWork(None, None, outputs, keep, finish, lambda: self._describe(what, buffer), float("inf"))
+        work = MpiWork(outputs, keep, finish, lambda: self._describe(what, buffer))
 
         def run() -> None:
             try:
@@ -207,18 +207,6 @@ class EngineBase:
 
         self._order.submit(run)
         return work
-
-    def _p2p(self, what: str, buffer: Any, start: Callable[..., Any], args: tuple[Any, ...], outputs: list[Any],
-             status: Any) -> MpiWork:
-        """Starts a nonblocking MPI point-to-point operation, start(*args), behind an
-        MpiWork, completed by wait(), is_completed(), or the progress thread (see
-        MpiWork)."""
-        try:
-            request = start(*args)
-        except self._mpi_error as exc:
-            raise _wrap(exc, self._describe(what, buffer))  # noqa: B904
-        return MpiWork(request, status, outputs, buffer, None, lambda: self._describe(what, buffer),
-                       _monotonic() + self._timeout, self._progress)
 
     def _reduction(self, dtype: str, op: Any, what: str) -> tuple[Any, int, float | None]:
         """(MPI op, op code, factor) of ``op`` on ``dtype``, cached by (dtype, op);
@@ -290,7 +278,7 @@ class EngineBase:
         if self._closed is None:
             self._closed = f"group {self._group_name!r} has been destroyed"
             if self._fast is not None:
-                self._fast.enabled = False
+                self._fast.enabled, self._fast.closed = False, True
             self._order.stop()  # after the queued collectives ran
             self._progress.engines.discard(self)
             if not self._MPI.Is_finalized():
@@ -302,7 +290,7 @@ class EngineBase:
         if self._closed is None:
             self._closed = f"group {self._group_name!r} has been aborted"
             if self._fast is not None:
-                self._fast.enabled = False
+                self._fast.enabled, self._fast.closed = False, True
 
 
 class Whole:

@@ -3,7 +3,8 @@
 It has the method set and semantics of the native engine (ringtree._C.ProcessGroup), so
 every front of ringtree (collectives, the gather/scatter family, p2p, object
 collectives) runs on it unchanged: ranks are group ranks, buffers are borrowed zero-copy
-through the core's buffer checks, ``async_op=True`` returns an MpiWork.
+through the core's buffer checks, ``async_op=True`` returns an MpiWork (isend/irecv a
+_C._MpiRequestWork).
 
 Each call is one MPI call on the group's own communicator (a duplicate, so a program's
 own MPI traffic never matches ours). This module has the one-buffer calls, which are the
@@ -11,8 +12,8 @@ latency-bound ones: allreduce, broadcast, reduce, barrier, all_gather_into_tenso
 reduce_scatter_tensor, all_to_all_single in equal parts and send/recv are MPI_Allreduce,
 MPI_Bcast, MPI_Reduce, MPI_Barrier, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall
 and MPI_Send/MPI_Recv on the caller's memory (MPI_Isend/MPI_Irecv for isend/irecv), no
-copy. The synchronous ones are served in C (see MpiEngine); the methods here are the full
-path, with every check. The list and coalesced calls are in packed_collectives.py.
+copy. The synchronous ones and isend/irecv are served in C (see MpiEngine); the methods
+here are the full path, with every check. The list and coalesced calls are in packed_collectives.py.
 
 Counts are MPI ints: a buffer (or packed list) of 2**31 elements or more raises
 ValueError. Reductions: see reductions.py.
@@ -28,7 +29,7 @@ from ..errors import DistTimeoutError
 from .base import scale
 from .packed_collectives import PackedCollectives
 from .reductions import AVG, PREMUL_SUM
-from .work import MpiWork
+from .work import MpiWork, _run_callback, _wrap, future_of
 
 __all__ = ["MpiEngine"]
 
@@ -39,21 +40,25 @@ class MpiEngine(PackedCollectives):
     """The MPI side of one group (see the module docstring).
 
     An instance's allreduce, broadcast, reduce, allgather_single, reduce_scatter_single,
-    alltoall_single, send and recv are C calls (_C._MpiFastCalls): they serve the
-    synchronous calls of a group that never ran an asynchronous collective, with a cached
-    reduction that needs no scaling and buffers that match, and hand every other call to
-    the methods of this class, which do everything. Collectives of one group must come
-    from one thread at a time, as MPI requires of a communicator's collectives.
+    alltoall_single, send, recv, isend and irecv are C calls (_C._MpiFastCalls): they
+    serve the synchronous collectives of a group that never ran an asynchronous one, with
+    a cached reduction that needs no scaling and buffers that match, and point-to-point
+    calls with a valid peer and tag, and hand every other call to the methods of this
+    class, which do everything (isend/irecv: the checks, then the C call with plain ints).
+    Collectives of one group must come from one thread at a time, as MPI requires of a
+    communicator's collectives.
     """
 
     _FAST = ("allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single",
-             "send", "recv")
+             "send", "recv", "isend", "irecv")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         fast = _C._MpiFastCalls(
             self._comm, self, self._datatypes, self._op_cache, self._in_place, self._raise_mpi_error,
             self._mpi_error, self.rank, self.size, self._tag_ub, self._timeout,
+            status_type=self._MPI.Status, any_source=self._any_source, progress=self._progress, wrap=_wrap,
+            future_of=future_of, run_callback=_run_callback, timeout_error=DistTimeoutError,
         )
         self._fast = fast
         for name in self._FAST:
@@ -191,12 +196,10 @@ class MpiEngine(PackedCollectives):
         comm = self._comm
         self._call("send", buffer, comm.Send, (message, dst, tag))
 
-    def isend(self, tensor: Any, dst: int, tag: int) -> MpiWork:
+    def isend(self, tensor: Any, dst: int, tag: int) -> Any:
+        """MPI_Isend; its _C._MpiRequestWork (the C call, once the checks passed)."""
         self._check_p2p("isend", dst, tag, False)
-        message, _ = _mpi_borrow(tensor, False, "isend", self._datatypes)
-        buffer = message[0]
-        comm = self._comm
-        return self._p2p("isend", buffer, comm.Isend, (message, dst, tag), [tensor], None)
+        return self._fast.isend(tensor, int(dst), int(tag))
 
     def recv(self, tensor: Any, src: int, tag: int) -> int:
         """Returns the sender's group rank (src = -1: any rank)."""
@@ -211,10 +214,8 @@ class MpiEngine(PackedCollectives):
         self._call("recv", buffer, comm.Recv, (message, self._any_source, tag, status))
         return status.Get_source()
 
-    def irecv(self, tensor: Any, src: int, tag: int) -> MpiWork:
+    def irecv(self, tensor: Any, src: int, tag: int) -> Any:
+        """MPI_Irecv (src -1: MPI_ANY_SOURCE); its _C._MpiRequestWork, whose source_rank()
+        names the sender (the C call, once the checks passed)."""
         self._check_p2p("irecv", src, tag, True)
-        message, _ = _mpi_borrow(tensor, True, "irecv", self._datatypes)
-        buffer = message[0]
-        source = self._any_source if src == -1 else src
-        comm = self._comm
-        return self._p2p("irecv", buffer, comm.Irecv, (message, source, tag), [tensor], self._MPI.Status())
+        return self._fast.irecv(tensor, int(src), int(tag))

@@ -12,14 +12,16 @@ its :class:`MpiWork`. (MPI's nonblocking collectives would also cost more: Open 
 at 2 ranks, docs/performance.md.)
 
 Point to point (isend, irecv): nonblocking MPI requests, which do match blocking sends
-and receives. They complete in the caller's ``wait()`` (MPI_Wait) or ``is_completed()``
-(MPI_Test), or, for a work with a done callback or Future and for one dropped unfinished,
-on the progress thread, which tests such requests every 10 ms (sleeping in between, so
-that waiting never burns a core). A per-work lock makes sure one thread alone touches a
-request.
+and receives, behind a _C._MpiRequestWork (the Work API in C: a small exchange must not
+pay for a Python object with a lock). They complete in the caller's ``wait()``
+(MPI_Wait) or ``is_completed()`` (MPI_Test), or, for a work with a done callback or
+Future and for one dropped unfinished, on the progress thread, which tests such requests
+every 10 ms (sleeping in between, so that waiting never burns a core). One thread at a
+time touches a request: the work marks it busy, with the GIL held, around each MPI call
+on it.
 
-Completion runs the call's finishing step (AVG's division, copying a packed result into
-the caller's list, ...), then callbacks and the torch Future.
+Completion runs the call's finishing step (a collective's AVG division, copying a
+packed result into the caller's list, ...), then callbacks and the torch Future.
 
 The progress thread is also the backend's watchdog: a blocking MPI call cannot be
 cancelled, so an operation still running past its group's timeout is reported (rank,
@@ -47,85 +49,43 @@ _NO_TIMEOUT = timedelta(0)
 
 
 class MpiWork:
-    """torch 2.13's Work API over one MPI request, or (``request`` None) over a collective
-    that the group's worker runs and finishes (see ringtree.Work for the contract)."""
+    """torch 2.13's Work API over a collective that the group's worker runs and finishes
+    (see ringtree.Work for the contract). isend/irecv return _C._MpiRequestWork, the same
+    API over one MPI request, in C (bindings/mpi_request_work.cc)."""
 
-    __slots__ = (
-        "_callbacks", "_describe", "_done", "_error", "_event", "_finish", "_future", "_keep",
-        "_lock", "_outputs", "_progress", "_request", "_source", "_status", "deadline",
-    )
+    __slots__ = ("_callbacks", "_describe", "_done", "_error", "_event", "_finish", "_future", "_keep", "_lock",
+                 "_outputs", "deadline")
 
-    def __init__(
-        self,
-        request: Any,
-        status: Any,
-        outputs: list[Any],
-        keep: Any,
-        finish: Callable[[Any], None] | None,
-        describe: Callable[[], str],
-        deadline: float,
-        progress: Progress | None = None,
-    ) -> None:
-        self._request = request
-        # The progress thread, for a request's work: it takes over the request when
-        # someone needs completion without waiting (a callback, a Future) or drops the
-        # work unfinished. Not told of every request: keeping each one referenced until
-        # the thread sees it made small isend/irecv pairs 5-8x slower (the garbage
-        # collector tracing thousands of live works).
-        self._progress = progress
-        self._status = status  # an MPI.Status for receives (source_rank), else None
+    def __init__(self, outputs: list[Any], keep: Any, finish: Callable[[Any], None] | None,
+                 describe: Callable[[], str]) -> None:
         self._outputs = outputs
         self._keep = keep  # the borrowed buffers and scratch, held until completion
         self._finish = finish
         self._describe = describe
-        self.deadline = deadline  # monotonic time past which the watchdog ends the job
+        self.deadline = float("inf")  # the engine's overdue() watches the call while it runs
         self._lock = threading.Lock()
-        # What a waiter of a worker-run collective blocks on (an MPI request is waited on
-        # itself: no Event, which costs more to make than a small isend takes).
-        self._event = threading.Event() if request is None else None
+        self._event = threading.Event()
         self._done = False
         self._error: BaseException | None = None
-        self._source = -1
         self._callbacks: list[Callable[[BaseException | None], None]] = []
         self._future: Any = None
 
-    # --- completion (caller holds self._lock) ---------------------------------------
-
-    def _complete(self, error: BaseException | None) -> None:
-        if error is None:
-            try:
-                if self._status is not None:
-                    self._source = self._status.Get_source()
-                if self._finish is not None:
-                    self._finish(self._status)
-            except BaseException as exc:  # noqa: BLE001 - the operation's error, stored
-                error = exc
-        self._error = error
-        self._keep = self._finish = None
-        self._done = True
-        if self._event is not None:
-            self._event.set()
-        for callback in self._callbacks:
-            _run_callback(callback, error)
-        self._callbacks = []
-
     def _finished(self, error: BaseException | None) -> None:
-        """Completes a worker-run collective (the worker calls this once it returned)."""
+        """Completes the work (the worker calls this once the collective returned): the
+        finishing step, then callbacks and the Future."""
         with self._lock:
-            self._complete(error)
-
-    def _test(self) -> bool:
-        """One MPI_Test; completes the work when it finished. Caller holds self._lock."""
-        if self._done or self._request is None:
-            return self._done
-        try:
-            finished = self._request.Test(self._status)
-        except Exception as exc:  # noqa: BLE001 - mpi4py raises MPI.Exception
-            self._complete(_wrap(exc, self._describe()))
-            return True
-        if finished:
-            self._complete(None)
-        return finished
+            if error is None and self._finish is not None:
+                try:
+                    self._finish(None)
+                except BaseException as exc:  # noqa: BLE001 - the operation's error, stored
+                    error = exc
+            self._error = error
+            self._keep = self._finish = None
+            self._done = True
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _run_callback(callback, error)
 
     # --- the Work API -------------------------------------------------------------
 
@@ -138,66 +98,23 @@ class MpiWork:
                 raise TypeError(f"Work.wait: timeout must be a datetime.timedelta, got {type(timeout).__name__}")
             if timeout.total_seconds() < 0:
                 raise ValueError(f"Work.wait: timeout must not be negative, got {timeout}")
-        if not self._done:
-            seconds = 0.0 if timeout is _NO_TIMEOUT else timeout.total_seconds()
-            if self._request is None:
-                if not self._event.wait(seconds or None):
-                    raise DistTimeoutError(f"Work.wait timed out after {timeout} in {self._describe()}")
-            elif seconds == 0:
-                self._wait_request()
-            else:
-                self._wait_until(time.monotonic() + seconds, timeout)
+        if not self._done and not self._event.wait(timeout.total_seconds() or None):
+            raise DistTimeoutError(f"Work.wait timed out after {timeout} in {self._describe()}")
         if self._error is not None:
             raise self._error
         return True
 
-    def _wait_request(self) -> None:
-        """Blocks in MPI_Wait, seen by the watchdog meanwhile, and completes the work."""
-        waiting, thread = self._progress.waiting, threading.get_ident()
-        with self._lock:
-            if not self._done:
-                waiting[thread] = self
-                try:
-                    self._request.Wait(self._status)
-                except Exception as exc:  # noqa: BLE001 - mpi4py raises MPI.Exception
-                    self._complete(_wrap(exc, self._describe()))
-                else:
-                    self._complete(None)
-                finally:
-                    waiting.pop(thread, None)  # a callback may have waited on this thread too
-
-    def _wait_until(self, deadline: float, timeout: timedelta) -> None:
-        delay = 20e-6
-        while True:
-            if self._lock.acquire(blocking=False):
-                try:
-                    if self._test():
-                        return
-                finally:
-                    self._lock.release()
-            elif self._done:
-                return
-            if time.monotonic() >= deadline:
-                raise DistTimeoutError(f"Work.wait timed out after {timeout} in {self._describe()}")
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
-
     def is_completed(self) -> bool:
-        if not self._done and self._lock.acquire(blocking=False):
-            try:
-                self._test()
-            finally:
-                self._lock.release()
         return self._done
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
+        return self._done and self._error is None
 
     def exception(self) -> BaseException | None:
         return self._error if self._done else None
 
     def source_rank(self) -> int:
-        return self._source if self._done and self._error is None else -1
+        return -1
 
     _source_rank = source_rank
 
@@ -212,41 +129,38 @@ class MpiWork:
     def _add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
         with self._lock:
             if not self._done:
-                first = not self._callbacks
                 self._callbacks.append(callback)
-                if first and self._progress is not None:
-                    self._progress.add(self)  # completes it though nobody waits
                 return
         _run_callback(callback, self._error)
-
-    def __del__(self) -> None:
-        # Dropped unfinished (an isend nobody waits for): the progress thread keeps the
-        # request, and the buffers it holds, until MPI completes it.
-        if not self._done and self._progress is not None:
-            self._progress.add(self)
 
     def get_future(self) -> Any:
         """A torch.futures.Future completed with result()'s list, or with the error."""
         if self._future is None:
-            try:
-                from torch.futures import Future
-            except ImportError:
-                raise RuntimeError("Work.get_future() returns a torch.futures.Future: it needs torch installed") from None
-            future = self._future = Future()
-            outputs = self._outputs
-
-            def settle(error: BaseException | None) -> None:
-                if error is None:
-                    future.set_result(list(outputs))
-                else:
-                    future.set_exception(error)
-
-            self._add_done_callback(settle)
+            self._future = future_of(self)
         return self._future
 
     def __repr__(self) -> str:
         state = "pending" if not self._done else ("completed" if self._error is None else "failed")
         return f"<ringtree.mpi Work {self._describe()} {state}>"
+
+
+def future_of(work: Any) -> Any:
+    """A new torch.futures.Future that ``work`` (an MpiWork or _C._MpiRequestWork)
+    completes with its result() list, or with its error."""
+    try:
+        from torch.futures import Future
+    except ImportError:
+        raise RuntimeError("Work.get_future() returns a torch.futures.Future: it needs torch installed") from None
+    future = Future()
+
+    def settle(error: BaseException | None) -> None:
+        if error is None:
+            future.set_result(work.result())
+        else:
+            future.set_exception(error)
+
+    work._add_done_callback(settle)
+    return future
 
 
 class CollectiveOrder:
@@ -318,9 +232,9 @@ def _wrap(exc: BaseException, what: str) -> BaseException:
 class Progress:
     """The process's progress and watchdog thread (one for every MPI group).
 
-    ``add(work)`` hands it a point-to-point work to complete without a waiter (one with
-    a callback or Future, or dropped unfinished); ``waiting`` names the work each thread
-    blocks on in wait(); ``engines`` holds every group's engine, whose ``overdue(now)``
+    ``add(work)`` hands it a point-to-point work (_C._MpiRequestWork) to complete without
+    a waiter (one with a callback or Future, or dropped unfinished); ``waiting`` names the
+    request work each thread blocks on in wait(); ``engines`` holds every group's engine, whose ``overdue(now)``
     names the call it runs past its deadline (else None).
     ``abort`` is called with a message when something outlives its deadline (MPI_Abort of
     the world).
@@ -338,17 +252,17 @@ class Progress:
 
     def __init__(self, abort: Callable[[str], None]) -> None:
         self._abort = abort
-        self._pending: deque[MpiWork] = deque()
+        self._pending: deque[Any] = deque()
         self.engines: weakref.WeakSet[Any] = weakref.WeakSet()
-        # The work each thread blocks on in MpiWork.wait(), by thread id (deadline checks).
-        self.waiting: dict[int, MpiWork] = {}
+        # The request work each thread blocks on in wait(), by thread id (deadline checks).
+        self.waiting: dict[int, Any] = {}
         self._wake = threading.Condition()
         self._idle = False
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="ringtree-mpi-progress", daemon=True)
         self._thread.start()
 
-    def add(self, work: MpiWork) -> None:
+    def add(self, work: Any) -> None:
         self._pending.append(work)
         if self._idle:  # the thread sets it before it last looked at _pending (see _loop)
             with self._wake:
@@ -379,18 +293,11 @@ class Progress:
             self._check_deadlines()
 
     def _test_pending(self) -> None:
-        """Tests each pending work once (one whose lock a waiter holds is left to it);
+        """Tests each pending work once (one a waiter is blocked on is left to it);
         completed ones leave the queue, the others go back to its end."""
         for _ in range(len(self._pending)):
             work = self._pending.popleft()
-            if work._lock.acquire(blocking=False):
-                try:
-                    done = work._test()
-                finally:
-                    work._lock.release()
-            else:
-                done = work._done
-            if not done:
+            if not work._poll():
                 self._pending.append(work)
 
     def _check_deadlines(self) -> None:
