@@ -696,6 +696,25 @@ def test_launched_by_mpirun():
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
+def test_p2p_pingpong_times_the_layer_over_mpi():
+    mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none -n 2".split()
+    proc = subprocess.run(
+        [*mpirun, *BENCH, *"p2p-pingpong --backend mpi --sizes 8,4096 --repeats 1".split()],
+        capture_output=True,
+        text=True,
+        timeout=E2E_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["size", "mode", "ringtree-mpi(us)", "mpi4py(us)", "layer(us)"]
+    rows = [line.rsplit(None, 3) for line in lines[1:]]
+    assert [row[0].split()[1] for row in rows] == ["send/recv", "isend/irecv+wait", "sendrecv"] * 2
+    for _, ours, theirs, layer in rows:
+        assert float(ours) > 0 and float(theirs) > 0
+        assert float(layer) == pytest.approx(float(ours) - float(theirs), abs=0.011)
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
 def test_timeout_stops_the_job():
     proc = _bench(*"allreduce --nproc 2 --system mpi -b 1K -e 1K -n 100000000 --timeout 1".split())
     assert proc.returncode == 1

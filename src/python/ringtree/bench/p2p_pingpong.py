@@ -9,7 +9,11 @@ Runs as one of two ranks, under either launcher:
   (``RINGTREE_TRANSPORT=tcp`` for TCP);
 * mpi4py: ``mpirun -n 2 python -m ringtree.bench p2p-pingpong --mpi`` measures
   ``Comm.Send``/``Comm.Recv``, ``Comm.Isend``/``Comm.Irecv`` followed by ``Wait()``, and
-  sendrecv (Open MPI picks shared memory on one host; ``--mca btl self,tcp`` forces TCP).
+  sendrecv (Open MPI picks shared memory on one host; ``--mca btl self,tcp`` forces TCP);
+* ringtree over MPI: ``mpirun -n 2 python -m ringtree.bench p2p-pingpong --backend mpi``
+  measures ringtree's calls on ``backend="mpi"`` (torch tensors over the same memory) and
+  mpi4py's same calls in one job, mode by mode, and prints the layer (ringtree's time
+  minus mpi4py's, per call: a one-way time is one call on each rank).
 
 Rank 0 sends and then receives, rank 1 the reverse; the one-way time is half a round
 trip, averaged over the iterations of one run. The sendrecv mode is the exchange
@@ -35,20 +39,22 @@ _ITERATIONS_LARGE = 4
 _LARGE_BYTES = 1 << 20
 
 
-_receive_buffers: dict[int, np.ndarray] = {}
+_receive_buffers: dict[tuple[type, int], object] = {}
 
 
-def _receive_buffer(buf: np.ndarray) -> np.ndarray:
-    """A buffer the size of `buf` for sendrecv's incoming message, made once per size."""
-    if buf.nbytes not in _receive_buffers:
-        _receive_buffers[buf.nbytes] = np.empty_like(buf)
-    return _receive_buffers[buf.nbytes]
+def _receive_buffer(buf):
+    """A buffer like `buf` (a NumPy array or torch tensor) for sendrecv's incoming message,
+    made once per type and size."""
+    key = (type(buf), buf.nbytes)
+    if key not in _receive_buffers:
+        _receive_buffers[key] = buf.new_empty(buf.shape) if hasattr(buf, "new_empty") else np.empty_like(buf)
+    return _receive_buffers[key]
 
 
-def _ringtree_modes():
+def _ringtree_modes(backend: str = "gloo"):
     import ringtree as dist
 
-    dist.init_process_group("gloo")
+    dist.init_process_group(backend)
     peer = 1 - dist.get_rank()
 
     def blocking(sending, buf):
@@ -94,9 +100,12 @@ def _mpi_modes():
     return comm.Get_rank(), modes, lambda: None
 
 
-def one_way_seconds(rank: int, step, nbytes: int, repeats: int) -> float:
-    """Best over `repeats` runs of the mean one-way time of `nbytes` messages."""
+def one_way_seconds(rank: int, step, nbytes: int, repeats: int, wrap=None) -> float:
+    """Best over `repeats` runs of the mean one-way time of `nbytes` messages (the buffer
+    passed as ``wrap(array)`` if given)."""
     buf = np.ones(nbytes, dtype=np.uint8)
+    if wrap is not None:
+        buf = wrap(buf)
     iterations = _ITERATIONS_LARGE if nbytes >= _LARGE_BYTES else _ITERATIONS_SMALL
     warmup = iterations // 10 + 1
     best = float("inf")
@@ -118,14 +127,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mpi", action="store_true", help="measure mpi4py instead of ringtree")
     parser.add_argument("--sizes", default="8,67108864", help="message sizes in bytes, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the best is printed")
+    parser.add_argument("--backend", choices=("gloo", "mpi"), default="gloo",
+                        help="ringtree's backend; mpi (under mpirun) also times mpi4py's same calls, side by side")
     args = parser.parse_args(argv)
-    rank, modes, finish = _mpi_modes() if args.mpi else _ringtree_modes()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    if args.backend == "mpi" and not args.mpi:
+        return _layer_over_mpi(sizes, args.repeats)
+    rank, modes, finish = _mpi_modes() if args.mpi else _ringtree_modes(args.backend)
     if rank == 0:
         print(f"{'size':>10}  {'mode':<18} {'time(us)':>9} {'algbw(GB/s)':>11}", flush=True)
-    for nbytes in (int(size) for size in args.sizes.split(",")):
+    for nbytes in sizes:
         for name, step in modes.items():
             seconds = one_way_seconds(rank, step, nbytes, args.repeats)
             if rank == 0:
                 print(f"{nbytes:>10}  {name:<18} {seconds * 1e6:>9.2f} {nbytes / seconds / 1e9:>11.2f}", flush=True)
+    finish()
+    return 0
+
+
+def _layer_over_mpi(sizes: list[int], repeats: int) -> int:
+    """ringtree on backend "mpi" and mpi4py, mode by mode in one job: each figure the best
+    of ``repeats`` runs, the two sides' runs interleaved."""
+    import torch
+
+    rank, ringtree_modes, finish = _ringtree_modes("mpi")
+    _, mpi_modes, _ = _mpi_modes()
+    if rank == 0:
+        print(f"{'size':>10}  {'mode':<18} {'ringtree-mpi(us)':>16} {'mpi4py(us)':>10} {'layer(us)':>9}", flush=True)
+    for nbytes in sizes:
+        for (name, ours), theirs in zip(ringtree_modes.items(), mpi_modes.values()):
+            # ringtree takes what its users pass: torch tensors (here over NumPy's memory).
+            best = [float("inf"), float("inf")]
+            for _ in range(repeats):
+                best[0] = min(best[0], one_way_seconds(rank, ours, nbytes, 1, torch.from_numpy))
+                best[1] = min(best[1], one_way_seconds(rank, theirs, nbytes, 1))
+            if rank == 0:
+                print(f"{nbytes:>10}  {name:<18} {best[0] * 1e6:>16.2f} {best[1] * 1e6:>10.2f} "
+                      f"{(best[0] - best[1]) * 1e6:>9.2f}", flush=True)
     finish()
     return 0
