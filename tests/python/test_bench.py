@@ -680,16 +680,16 @@ def test_repeat_reports_medians(tmp_path):
         assert row["time_us"] == pytest.approx(sorted(row["runs_time_us"])[1])
 
 
+def _bench_under_mpirun(arguments: str) -> subprocess.CompletedProcess:
+    mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none -n 2".split()
+    return subprocess.run([*mpirun, *BENCH, *arguments.split()], capture_output=True, text=True,
+                          timeout=E2E_TIMEOUT_S)
+
+
 @pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
 def test_launched_by_mpirun():
     # Launcher mode (rank 0 prints the table itself) is the same code for every system.
-    mpirun = "mpirun --allow-run-as-root --oversubscribe -n 2".split()
-    proc = subprocess.run(
-        [*mpirun, *BENCH, *"allreduce -e 1K -n 2".split()],
-        capture_output=True,
-        text=True,
-        timeout=E2E_TIMEOUT_S,
-    )
+    proc = _bench_under_mpirun("allreduce -e 1K -n 2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "# mpi allreduce, 2 ranks" in proc.stdout
     assert proc.stdout.count("     float     sum      -1") == 8
@@ -697,13 +697,7 @@ def test_launched_by_mpirun():
 
 @pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")
 def test_p2p_pingpong_times_the_layer_over_mpi():
-    mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none -n 2".split()
-    proc = subprocess.run(
-        [*mpirun, *BENCH, *"p2p-pingpong --backend mpi --sizes 8,4096 --repeats 1".split()],
-        capture_output=True,
-        text=True,
-        timeout=E2E_TIMEOUT_S,
-    )
+    proc = _bench_under_mpirun("p2p-pingpong --backend mpi --sizes 8,4096 --repeats 1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["size", "mode", "ringtree-mpi(us)", "mpi4py(us)", "layer(us)"]

@@ -305,11 +305,8 @@ PyObject* addDoneCallback(PyObject* object, PyObject* callback) {
 // get_future(): a torch.futures.Future completed with result()'s list, or the error.
 PyObject* getFuture(PyObject* object, PyObject*) {
   auto* self = asWork(object);
-  if (self->future == nullptr) {
-    PyObject* future = PyObject_CallOneArg(self->helpers->futureOf, object);
-    if (future == nullptr) return nullptr;
-    if (self->future == nullptr) self->future = future;  // future_of may have asked again
-    else Py_DECREF(future);
+  if (self->future == nullptr && (self->future = PyObject_CallOneArg(self->helpers->futureOf, object)) == nullptr) {
+    return nullptr;
   }
   Py_INCREF(self->future);
   return self->future;
