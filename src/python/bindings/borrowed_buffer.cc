@@ -149,20 +149,6 @@ BorrowedBuffer& borrowedOf(PyObject* object) { return reinterpret_cast<BorrowedO
 // Raises the Python error of the exception being handled (pybind11's own classes,
 // ringtree's through the same mapping as everywhere); returns null for the caller to
 // return.
-PyObject* raiseCurrentException() {
-  try {
-    throw;
-  } catch (py::error_already_set& error) {
-    error.restore();
-  } catch (py::builtin_exception& error) {
-    error.set_error();
-  } catch (...) {
-    py::object exception = toPythonException(std::current_exception());
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
-  }
-  return nullptr;
-}
-
 // torch's dtype names as interned Python strings, made once.
 py::handle dataTypeNameObject(DataType type) {
   static const auto names = [] {

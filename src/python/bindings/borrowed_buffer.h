@@ -10,6 +10,7 @@
 #include <ringtree/types.h>
 
 #include "buffers.h"
+#include "errors.h"
 
 // _BorrowedBuffer: a host buffer borrowed for one call of ringtree.mpi (the MPI backend),
 // as a plain CPython object whose buffer protocol mpi4py reads, and the mpi4py messages
@@ -56,11 +57,6 @@ pybind11::object mpiMessage(PyObject* object, bool writable, const char* what, P
 
 // Whether `datatypes` is a tuple of kNumDataTypes entries; else sets TypeError naming `name`.
 bool checkDatatypes(PyObject* datatypes, const char* name);
-
-// Inside a catch block: sets the Python error of the exception being handled (pybind11's
-// own classes, ringtree's through the usual mapping) and returns null, for raw CPython
-// functions to return.
-PyObject* raiseCurrentException();
 
 // Adds _BorrowedBuffer, _borrow(buffer, writable, what) and
 // _mpi_borrow(buffer, writable, what, datatypes) to the module.

@@ -54,4 +54,18 @@ py::object toPythonException(const std::exception_ptr& error) {
   }
 }
 
+PyObject* raiseCurrentException() {
+  try {
+    throw;
+  } catch (py::error_already_set& error) {
+    error.restore();
+  } catch (py::builtin_exception& error) {
+    error.set_error();
+  } catch (...) {
+    py::object exception = toPythonException(std::current_exception());
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+  }
+  return nullptr;
+}
+
 }  // namespace ringtree::python

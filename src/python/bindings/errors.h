@@ -16,4 +16,9 @@ void initErrors(pybind11::module_& m);
 // other std::exceptions become RuntimeError. None for a null pointer. GIL held.
 pybind11::object toPythonException(const std::exception_ptr& error);
 
+// Inside a catch block: sets the Python error of the exception being handled (pybind11's
+// own classes, ringtree's by the mapping above) and returns null, for raw CPython
+// functions to return.
+PyObject* raiseCurrentException();
+
 }  // namespace ringtree::python

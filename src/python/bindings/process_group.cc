@@ -17,6 +17,8 @@
 #include <ringtree/store/store.h>
 
 #include "buffers.h"
+#include "engine_calls.h"
+#include "process_group_calls.h"
 #include "work.h"
 
 namespace py = pybind11;
@@ -180,6 +182,10 @@ py::list copyOf(py::handle sequence) {
 }
 
 using KeepAlive = std::shared_ptr<void>;
+
+}  // namespace
+
+namespace calls {
 
 py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm) {
   auto options = optionsWith<AllreduceOptions>(algorithm);
@@ -424,6 +430,10 @@ py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   return pythonWork(std::move(work), listOf(tensor));
 }
 
+}  // namespace calls
+
+namespace {
+
 // A group's last reference may go away with the GIL held; its worker or progress thread
 // may need the GIL to finish (releasing a buffer), so the group is destroyed without it.
 std::shared_ptr<ProcessGroup> releasedWithoutGil(std::shared_ptr<ProcessGroup> group) {
@@ -453,7 +463,7 @@ void initProcessGroup(py::module_& m) {
       .def("transport_to", &Communicator::transportTo, py::arg("peer"),
            "'self', 'tcp' or 'shm': how this rank reaches peer.");
 
-  py::class_<ProcessGroup, std::shared_ptr<ProcessGroup>>(m, "ProcessGroup", R"(The native backend of a group (private API).
+  py::object processGroup = py::class_<ProcessGroup, std::shared_ptr<ProcessGroup>>(m, "ProcessGroup", R"(The native backend of a group (private API).
 
 Every collective and point-to-point call of the group enters here; arguments are checked
 before anything moves. Collectives run in submission order; a synchronous one runs on the
@@ -481,57 +491,57 @@ object with __dlpack__ or the buffer protocol, used in place; ranks are group ra
           py::arg("interface") = "",
           "Connects the group's ranks through store (a collective over the size ranks; keys under comm/ and p2p/); "
           "blocks until done.")
-      .def("allreduce", &allreduce, py::arg("tensor"), py::arg("op"), py::arg("async_op"),
+      .def("allreduce", &calls::allreduce, py::arg("tensor"), py::arg("op"), py::arg("async_op"),
            py::arg("algorithm") = py::none(),
            "In place: tensor <- op over every rank's tensor. Returns a Work if async_op, else None.")
-      .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op"),
+      .def("broadcast", &calls::broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op"),
            py::arg("algorithm") = py::none(), "In place: tensor <- root's tensor.")
-      .def("reduce", &reduce, py::arg("tensor"), py::arg("root"), py::arg("op"), py::arg("async_op"),
+      .def("reduce", &calls::reduce, py::arg("tensor"), py::arg("root"), py::arg("op"), py::arg("async_op"),
            py::arg("algorithm") = py::none(),
            "In place on root: tensor <- op over every rank's tensor; the others' are left unchanged.")
-      .def("allgather", &allgather, py::arg("tensor_list"), py::arg("tensor"), py::arg("async_op"),
+      .def("allgather", &calls::allgather, py::arg("tensor_list"), py::arg("tensor"), py::arg("async_op"),
            py::arg("algorithm") = py::none(),
            "tensor_list[r] <- rank r's tensor (one buffer per rank; sizes may differ by rank).")
-      .def("allgather_single", &allgatherSingle, py::arg("output_tensor"), py::arg("input_tensor"),
+      .def("allgather_single", &calls::allgatherSingle, py::arg("output_tensor"), py::arg("input_tensor"),
            py::arg("async_op"), py::arg("algorithm") = py::none(),
            "output_tensor (world_size times input_tensor's size) <- every rank's input_tensor, in rank order.")
-      .def("gather", &gather, py::arg("tensor"), py::arg("gather_list"), py::arg("root"), py::arg("async_op"),
+      .def("gather", &calls::gather, py::arg("tensor"), py::arg("gather_list"), py::arg("root"), py::arg("async_op"),
            py::arg("algorithm") = py::none(),
            "On root: gather_list[r] <- rank r's tensor; gather_list is None on the other ranks.")
-      .def("scatter", &scatter, py::arg("tensor"), py::arg("scatter_list"), py::arg("root"), py::arg("async_op"),
+      .def("scatter", &calls::scatter, py::arg("tensor"), py::arg("scatter_list"), py::arg("root"), py::arg("async_op"),
            py::arg("algorithm") = py::none(),
            "tensor <- root's scatter_list[rank]; scatter_list is None on the other ranks.")
-      .def("reduce_scatter", &reduceScatter, py::arg("output"), py::arg("input_list"), py::arg("op"),
+      .def("reduce_scatter", &calls::reduceScatter, py::arg("output"), py::arg("input_list"), py::arg("op"),
            py::arg("async_op"), py::arg("algorithm") = py::none(), "output <- op over every rank's input_list[rank].")
-      .def("reduce_scatter_single", &reduceScatterSingle, py::arg("output"), py::arg("input"), py::arg("op"),
+      .def("reduce_scatter_single", &calls::reduceScatterSingle, py::arg("output"), py::arg("input"), py::arg("op"),
            py::arg("async_op"), py::arg("algorithm") = py::none(),
            "output <- op over every rank's part `rank` of input (world_size equal parts, end to end).")
-      .def("alltoall", &alltoall, py::arg("output_tensor_list"), py::arg("input_tensor_list"), py::arg("async_op"),
+      .def("alltoall", &calls::alltoall, py::arg("output_tensor_list"), py::arg("input_tensor_list"), py::arg("async_op"),
            py::arg("algorithm") = py::none(), "output_tensor_list[r] <- rank r's input_tensor_list[rank].")
-      .def("alltoall_single", &alltoallSingle, py::arg("output"), py::arg("input"),
+      .def("alltoall_single", &calls::alltoallSingle, py::arg("output"), py::arg("input"),
            py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("async_op"),
            py::arg("algorithm") = py::none(),
            "Part r of output <- part `rank` of rank r's input; parts are cut along dim 0, the split sizes' rows "
            "each (None or empty: world_size equal parts). input and output must not overlap.")
-      .def("allreduce_coalesced", &allreduceCoalesced, py::arg("tensors"), py::arg("op"), py::arg("async_op"),
+      .def("allreduce_coalesced", &calls::allreduceCoalesced, py::arg("tensors"), py::arg("op"), py::arg("async_op"),
            "In place: every tensors[i] <- op over every rank's tensors[i], as one operation.")
-      .def("allgather_coalesced", &allgatherCoalesced, py::arg("output_tensor_lists"), py::arg("input_tensor_list"),
+      .def("allgather_coalesced", &calls::allgatherCoalesced, py::arg("output_tensor_lists"), py::arg("input_tensor_list"),
            py::arg("async_op"), "output_tensor_lists[r][i] <- rank r's input_tensor_list[i], as one operation.")
-      .def("allgather_single_coalesced", &allgatherSingleCoalesced, py::arg("output_tensors"),
+      .def("allgather_single_coalesced", &calls::allgatherSingleCoalesced, py::arg("output_tensors"),
            py::arg("input_tensors"), py::arg("async_op"),
            "allgather_single(output_tensors[i], input_tensors[i]) for every i, as one operation.")
-      .def("reduce_scatter_single_coalesced", &reduceScatterSingleCoalesced, py::arg("outputs"), py::arg("inputs"),
+      .def("reduce_scatter_single_coalesced", &calls::reduceScatterSingleCoalesced, py::arg("outputs"), py::arg("inputs"),
            py::arg("op"), py::arg("async_op"),
            "reduce_scatter_single(outputs[i], inputs[i]) for every i, as one operation.")
-      .def("barrier", &barrier, py::arg("timeout"), py::arg("async_op"),
+      .def("barrier", &calls::barrier, py::arg("timeout"), py::arg("async_op"),
            "Returns once every rank entered the barrier (timeout: timedelta, or None for the group's).")
-      .def("send", &send, py::arg("tensor"), py::arg("dst"), py::arg("tag"),
+      .def("send", &calls::send, py::arg("tensor"), py::arg("dst"), py::arg("tag"),
            "Sends tensor to the group rank dst; returns once tensor may be reused.")
-      .def("recv", &recv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
+      .def("recv", &calls::recv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
            "Receives into tensor from the group rank src (-1: any rank); returns the sender's group rank.")
-      .def("isend", &isend, py::arg("tensor"), py::arg("dst"), py::arg("tag"),
+      .def("isend", &calls::isend, py::arg("tensor"), py::arg("dst"), py::arg("tag"),
            "Sends tensor to the group rank dst; the Work completes when tensor may be reused.")
-      .def("irecv", &irecv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
+      .def("irecv", &calls::irecv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
            "Receives into tensor from the group rank src (-1: any rank; Work.source_rank() names it).")
       .def("shutdown", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Refuses new operations, runs the queued collectives, stops the worker thread and fails pending "
@@ -546,6 +556,7 @@ object with __dlpack__ or the buffer protocol, used in place; ranks are group ra
       .def_property_readonly("is_shutdown", &ProcessGroup::isShutdown)
       .def_property_readonly("_inline_call_count", &ProcessGroup::inlineCallCount,
                              "How many synchronous collectives ran on the calling thread (a debug counter).");
+  installEngineCalls(processGroup);
   m.attr("ANY_SOURCE") = ProcessGroup::kAnySource;
 }
 
