@@ -72,9 +72,12 @@ std::exception_ptr Work::exception() const {
 
 void Work::addCallback(Callback callback) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     if (!completed_) {
       callbacks_.push_back(std::move(callback));
+      lock.unlock();
+      // Nobody may wait for it: tell whoever runs it (Deadline::min(): drive nothing here).
+      if (progressDriver_) progressDriver_(Deadline::min());
       return;
     }
   }

@@ -517,6 +517,56 @@ TEST(OperationQueue, WaitRunsQueuedOperationsOnTheWaitingThread) {
             "late on a ProcessGroup that has been shut down");
 }
 
+// A deferred submission wakes no worker that was active recently: a wait() that comes at
+// once runs it on the waiting thread; one nobody waits for is taken by the worker within
+// its timed wake-ups; a callback or a bounded wait() hands it to the worker at once.
+TEST(OperationQueue, DeferredStartsAreLeftToAWaiterThenTakenByTheWorker) {
+  using detail::OperationQueue;
+  using Clock = std::chrono::steady_clock;
+  const auto queue = OperationQueue::create();
+  const std::thread::id self = std::this_thread::get_id();
+  queue->submit("warm-up", [] {}, nullptr)->wait(std::chrono::milliseconds(20000));  // the worker is active now
+  int ranHere = 0;
+  constexpr int kCalls = 200;
+  for (int i = 0; i < kCalls; ++i) {
+    bool here = false;
+    const auto work = queue->submit("deferred", [&] { here = std::this_thread::get_id() == self; }, nullptr,
+                                    OperationQueue::Start::kDeferred);
+    EXPECT_TRUE(work->wait());
+    ranHere += here ? 1 : 0;
+  }
+  // The worker may take one when its timed wake-up falls between submit and wait.
+  EXPECT_GT(ranHere, kCalls * 3 / 4) << "wait() did not run the deferred operations itself";
+
+  // Nobody waits: the worker takes it (polled with isCompleted, which drives nothing).
+  std::atomic<bool> onWorker{false};
+  auto unattended = queue->submit("unattended", [&] { onWorker = std::this_thread::get_id() != self; }, nullptr,
+                                  OperationQueue::Start::kDeferred);
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (!unattended->isCompleted() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  EXPECT_TRUE(unattended->isSuccess());
+  EXPECT_TRUE(onWorker.load());
+
+  // A callback and a bounded wait() leave it to the worker, which starts it at once.
+  std::atomic<bool> called{false};
+  auto withCallback = queue->submit("callback", [] {}, nullptr, OperationQueue::Start::kDeferred);
+  withCallback->addCallback([&](Work&) { called = true; });
+  while (!called.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  EXPECT_TRUE(called.load());
+  std::atomic<bool> boundedOnWorker{false};
+  auto bounded = queue->submit("bounded", [&] { boundedOnWorker = std::this_thread::get_id() != self; }, nullptr,
+                               OperationQueue::Start::kDeferred);
+  EXPECT_TRUE(bounded->wait(std::chrono::milliseconds(20000)));
+  EXPECT_TRUE(boundedOnWorker.load());
+
+  // Shutdown runs what is still deferred.
+  std::atomic<bool> ranAtShutdown{false};
+  auto last = queue->submit("last", [&] { ranAtShutdown = true; }, nullptr, OperationQueue::Start::kDeferred);
+  queue->shutdown();
+  EXPECT_TRUE(ranAtShutdown.load());
+  EXPECT_TRUE(last->isSuccess());
+}
+
 // A Work callback on the worker may make a synchronous call on the same queue (queued
 // behind another operation: the wait runs the queue), and abort fails what is queued.
 TEST(OperationQueue, CallbacksMayCallInAndAbortFailsQueuedOperations) {

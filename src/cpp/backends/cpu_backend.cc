@@ -39,6 +39,28 @@ struct Arrays {
   std::vector<size_t> counts;
 };
 
+// The bytes of the buffers among a call's arguments (options count nothing).
+size_t bufferBytes(const BufferView& buffer) { return buffer.count * elementSize(buffer.type); }
+size_t bufferBytes(const std::vector<BufferView>& buffers) {
+  size_t total = 0;
+  for (const BufferView& buffer : buffers) total += bufferBytes(buffer);
+  return total;
+}
+size_t bufferBytes(const std::vector<std::vector<BufferView>>& lists) {
+  size_t total = 0;
+  for (const auto& list : lists) total += bufferBytes(list);
+  return total;
+}
+template <typename Other>
+size_t bufferBytes(const Other&) {
+  return 0;
+}
+
+// Asynchronous calls on at most this many bytes start deferred (OperationQueue::Start):
+// their latency is the wake-up a waiter spares; a larger one starts at once, since a
+// wake-up is nothing to its transfer time and a delayed start would be.
+constexpr size_t kDeferredStartBytes = size_t{64} << 10;
+
 }  // namespace
 
 CpuBackend::CpuBackend(std::shared_ptr<Communicator> collectives, std::shared_ptr<Communicator> pointToPoint)
@@ -61,8 +83,10 @@ std::shared_ptr<Work> CpuBackend::run(const char* opName, const Submission& subm
     queue_->runSync(opName, operation);
     return nullptr;
   }
+  const size_t bytes = (size_t{0} + ... + bufferBytes(args));
+  const auto start = bytes <= kDeferredStartBytes ? OperationQueue::Start::kDeferred : OperationQueue::Start::kAtOnce;
   return queue_->submit(opName, [communicator, body, args...] { body(*communicator, args...); },
-                        submission.keepAlive);
+                        submission.keepAlive, start);
 }
 
 std::shared_ptr<Work> CpuBackend::allreduce(const BufferView& tensor, const AllreduceOptions& options,

@@ -29,17 +29,13 @@ void OperationQueue::runErased(const char* opName, void (*invoke)(void*), void* 
     inlineCalls_.fetch_add(1, std::memory_order_relaxed);
     struct Release {
       OperationQueue& queue;
-      ~Release() {
-        std::lock_guard<std::mutex> guard(queue.mutex_);
-        queue.busy_ = false;
-        queue.stateCv_.notify_all();
-      }
+      ~Release() { queue.becomeIdle(); }
     } release{*this};
     invoke(operation);
     return;
   }
   auto work = newWork(opName, nullptr);
-  queue_.push_back(Task{[invoke, operation] { invoke(operation); }, work});
+  queue_.push_back(Task{[invoke, operation] { invoke(operation); }, work, Start::kAtOnce});
   startWorkerLocked();
   lock.unlock();
   stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
@@ -47,16 +43,33 @@ void OperationQueue::runErased(const char* opName, void (*invoke)(void*), void* 
 }
 
 std::shared_ptr<Work> OperationQueue::submit(const char* opName, std::function<void()> operation,
-                                             std::shared_ptr<void> keepAlive) {
+                                             std::shared_ptr<void> keepAlive, Start start) {
   auto work = newWork(opName, std::move(keepAlive));
+  bool wake = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (shutdown_) throwRefused(opName);
-    queue_.push_back(Task{std::move(operation), work});
+    queue_.push_back(Task{std::move(operation), work, start});
     startWorkerLocked();
+    wake = start == Start::kAtOnce || !workerTimed_;
   }
-  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
+  if (wake) stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
   return work;
+}
+
+void OperationQueue::wakeWorker() { stateCv_.notify_all(); }
+
+void OperationQueue::becomeIdle() {
+  bool wanted = false;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    busy_ = false;
+    // Only the worker (for the next queued operation, unless that one is left to a waiter
+    // while the worker wakes by itself) and shutdown()/abort() (which set shutdown_ before
+    // they wait) wait for this: a call that ran alone wakes nobody.
+    wanted = shutdown_ || (!queue_.empty() && (!workerTimed_ || queue_.front().start == Start::kAtOnce));
+  }
+  if (wanted) stateCv_.notify_all();
 }
 
 void OperationQueue::startWorkerLocked() {
@@ -68,20 +81,35 @@ void OperationQueue::startWorkerLocked() {
 std::shared_ptr<Work> OperationQueue::newWork(const char* opName, std::shared_ptr<void> keepAlive) {
   auto work = std::make_shared<Work>(opName, std::move(keepAlive));
   work->setProgressDriver([queue = weak_from_this(), target = work.get()](Work::Deadline deadline) {
-    if (deadline != Work::Deadline::max()) return;  // a bounded wait() must not start an operation
-    if (const auto alive = queue.lock()) alive->runQueuedUpTo(target);
+    const auto alive = queue.lock();
+    if (!alive) return;
+    if (deadline == Work::Deadline::max()) {
+      alive->runQueuedUpTo(target);
+    } else {
+      alive->wakeWorker();  // a bounded wait() must not start an operation, nor may a callback wait
+    }
   });
   return work;
 }
 
 void OperationQueue::workerLoop() {
+  using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto ready = [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); };
+  Clock::time_point lingerUntil = Clock::now() + kIdleLinger;
   for (;;) {
-    stateCv_.wait(lock, [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); });
+    // Recently active: timed sleeps, which deferred submissions need not interrupt.
+    while (!ready() && Clock::now() < lingerUntil) {
+      workerTimed_ = true;
+      stateCv_.wait_for(lock, kHandOffDelay);
+    }
+    workerTimed_ = false;
+    stateCv_.wait(lock, ready);
     if (queue_.empty()) {
       return;  // shut down and drained
     }
     runFront(lock);
+    lingerUntil = Clock::now() + kIdleLinger;
   }
 }
 
@@ -100,13 +128,7 @@ void OperationQueue::runFront(std::unique_lock<std::mutex>& lock) {
   // The queue is free once the Work reads completed, before its waiters wake and its
   // callbacks run (which may call in or shut the queue down): so the next operation
   // starts only after this one completed, and a woken caller finds the queue idle.
-  task.work->finish(error, [this] {
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      busy_ = false;
-    }
-    stateCv_.notify_all();
-  });
+  task.work->finish(error, [this] { becomeIdle(); });
   task.work.reset();
   lock.lock();
 }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,7 +24,11 @@ namespace ringtree::detail {
 //  - submit: queues the operation for the worker thread (started on first use) and
 //    returns its Work at once. The Work's unbounded wait() runs the queued operations up
 //    to its own on the waiting thread when no other thread runs one (sparing the worker's
-//    two wake-ups).
+//    two wake-ups). With Start::kDeferred (small operations) the submission does not wake
+//    a worker that was active within kIdleLinger: that worker wakes by itself every
+//    kHandOffDelay and takes what no wait() ran by then, so an async call followed by
+//    wait() costs no thread wake-up at all. A bounded wait() and a done callback (a
+//    Future) wake the worker at once, since they leave the running to it.
 //
 // Always owned by a std::shared_ptr (create()): the worker thread and the Works' progress
 // drivers hold references, so a Work callback may drop the engine's last reference to it
@@ -44,7 +49,14 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   void runSync(const char* opName, Operation& operation) {
     runErased(opName, &invokeErased<Operation>, &operation);
   }
-  std::shared_ptr<Work> submit(const char* opName, std::function<void()> operation, std::shared_ptr<void> keepAlive);
+  enum class Start { kAtOnce, kDeferred };
+  std::shared_ptr<Work> submit(const char* opName, std::function<void()> operation, std::shared_ptr<void> keepAlive,
+                               Start start = Start::kAtOnce);
+
+  // A deferred operation is left this long to a wait() that runs it on its own thread;
+  // for this long after its last operation the idle worker wakes at that period.
+  static constexpr std::chrono::microseconds kHandOffDelay{200};
+  static constexpr std::chrono::milliseconds kIdleLinger{20};
 
   // Refuses later submissions, lets the queued operations run in order, joins the worker
   // and returns once nothing runs (an inline call on another thread included). From a
@@ -67,6 +79,7 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   struct Task {
     std::function<void()> run;
     std::shared_ptr<Work> work;
+    Start start;  // kDeferred: a waiter is expected to run it (see submit)
   };
 
   OperationQueue() = default;
@@ -80,8 +93,12 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   // Starts the worker on first use (the caller wakes it after releasing mutex_); mutex_ held.
   void startWorkerLocked();
   void workerLoop();
-  // A Work whose unbounded wait() runs the queue up to it (runQueuedUpTo).
+  // A Work whose unbounded wait() runs the queue up to it (runQueuedUpTo); a bounded
+  // wait() or a callback wakes the worker instead.
   std::shared_ptr<Work> newWork(const char* opName, std::shared_ptr<void> keepAlive);
+  void wakeWorker();
+  // Marks the running operation done (busy_ false) and wakes whoever waits for that.
+  void becomeIdle();
   // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
   // return, released while the task runs and while its Work finishes).
   void runFront(std::unique_lock<std::mutex>& lock);
@@ -96,6 +113,7 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   bool busy_ = false;  // an operation is running (on the worker, inline or in a driver)
   bool shutdown_ = false;
   bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
+  bool workerTimed_ = false;  // the idle worker wakes by itself within kHandOffDelay
   std::thread worker_;
   std::atomic<uint64_t> inlineCalls_{0};
 };

@@ -28,7 +28,10 @@ class RINGTREE_API Work {
   // no limit). It returns once the operation is done (whoever completed it may still be
   // about to call finish()), once the deadline passed, or at once when this thread
   // cannot drive it; wait() then sleeps until finish() as it would without one. It may
-  // finish this and other Works on the calling thread. Must not throw.
+  // finish this and other Works on the calling thread. addCallback() on a pending Work
+  // calls it with Deadline::min() (the operation may have finished meanwhile): nobody
+  // may wait for the operation, so it must return at once, having told whoever runs the
+  // operation not to leave it to a waiter. Must not throw.
   using Deadline = std::chrono::steady_clock::time_point;
   using ProgressDriver = std::function<void(Deadline deadline)>;
 
