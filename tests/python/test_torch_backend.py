@@ -144,6 +144,19 @@ def test_failures_raise_torch_classes_with_ringtree_messages(fault, texts, class
     assert report["seconds"] < limit, report
 
 
+def test_a_collectives_own_timeout_is_its_deadline():
+    # torch's *Options.timeout, set, bounds that call (the group's timeout is 60 s); the
+    # group is unusable after it, as after any failure, and says why.
+    results = run_world("torch_backend_workers:per_call_timeout", 2, port=free_port(), timeout=60)
+    (seconds, name, message, torch_class), (after_seconds, after_name, after_message, _) = results[0]["ok"]["outcomes"]
+    assert name == "DistTimeoutError" and torch_class, message
+    assert "rank 0: timed out after 500 ms in broadcast" in message and "rank 1 did not enter" in message, message
+    assert 0.4 < seconds < 0.5 + PROMPT_S, seconds
+    assert after_name == "DistTimeoutError" and after_seconds < PROMPT_S, after_message
+    assert "cannot run, the communicator is unusable after an earlier failure" in after_message, after_message
+    assert "timed out after 500 ms in broadcast" in after_message, after_message
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_monitored_barrier_called_on_the_group(world_size):
     results = run_world("torch_backend_workers:monitored_barrier", world_size, port=free_port(), timeout=60)

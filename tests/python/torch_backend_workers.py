@@ -94,6 +94,35 @@ def failure(rank: int, world_size: int, port: int, fault: str) -> dict:
     return {"seconds": time.monotonic() - start, "message": None, "classes": {}}
 
 
+def per_call_timeout(rank: int, world_size: int, port: int) -> dict:
+    """2 ranks, group timeout 60 s: rank 1 skips two calls; rank 0 makes them through the
+    group's backend with ``opts.timeout`` 500 ms (an asynchronous broadcast from rank 1,
+    then a synchronous all_reduce) and reports how long each took to fail, and how."""
+    dist.init_process_group("ringtree", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=TIMEOUT)
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(4)
+        return {}
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    outcomes = []
+    for name in ("broadcast", "allreduce"):
+        opts = dist.AllreduceOptions() if name == "allreduce" else dist.BroadcastOptions()
+        opts.timeout = timedelta(milliseconds=500)
+        if name == "broadcast":
+            opts.asyncOp, opts.rootRank = True, 1  # rank 0 waits for rank 1's data
+        start = time.monotonic()
+        try:
+            getattr(backend, name)([t], opts).wait()
+        except Exception as exc:  # noqa: BLE001 - the outcome checked
+            outcomes.append([time.monotonic() - start, type(exc).__name__, str(exc),
+                             isinstance(exc, dist.DistError)])
+        else:
+            outcomes.append([time.monotonic() - start, None, None, False])
+    return {"outcomes": outcomes}
+
+
 def monitored_barrier(rank: int, world_size: int, port: int) -> dict:
     """group.monitored_barrier() on the ringtree group: passes when every rank comes; then
     the last rank stays away and rank 0 names it; timeout 0 is rank 0's own timeout."""

@@ -19,7 +19,7 @@ namespace py = pybind11;
 // send, recv, isend and irecv. pybind11's dispatch (its argument loaders, overload loop
 // and keyword matching) cost about 0.13 us of a 0.57 us one-rank all_reduce; these take
 // the positional call the fronts make (async_op an exact bool, ranks and tags exact ints,
-// barrier's timeout None) straight to the same conversions (process_group_calls.h), and
+// no timeout: barrier's None, the collectives' left out) straight to the same conversions (process_group_calls.h), and
 // hand every other call (keywords, other argument types, a timeout) to the pybind11 method
 // they replaced, which converts or refuses it as before. Behaviour is the same either way.
 namespace ringtree::python {
@@ -96,7 +96,7 @@ PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
     return slowly(kAllreduce, self, args, nargs, kwnames);
   }
   try {
-    return calls::allreduce(groupOf(self), args[0], args[1], async, algorithmAt(args, nargs, 3)).release().ptr();
+    return calls::allreduce(groupOf(self), args[0], args[1], async, algorithmAt(args, nargs, 3), std::nullopt).release().ptr();
   } catch (...) {
     return raiseCurrentException();
   }
@@ -110,7 +110,7 @@ PyObject* broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
     return slowly(kBroadcast, self, args, nargs, kwnames);
   }
   try {
-    return calls::broadcast(groupOf(self), args[0], root, async, algorithmAt(args, nargs, 3)).release().ptr();
+    return calls::broadcast(groupOf(self), args[0], root, async, algorithmAt(args, nargs, 3), std::nullopt).release().ptr();
   } catch (...) {
     return raiseCurrentException();
   }
@@ -124,7 +124,7 @@ PyObject* reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObje
     return slowly(kReduce, self, args, nargs, kwnames);
   }
   try {
-    return calls::reduce(groupOf(self), args[0], root, args[2], async, algorithmAt(args, nargs, 4)).release().ptr();
+    return calls::reduce(groupOf(self), args[0], root, args[2], async, algorithmAt(args, nargs, 4), std::nullopt).release().ptr();
   } catch (...) {
     return raiseCurrentException();
   }
@@ -137,7 +137,7 @@ PyObject* allgatherSingle(PyObject* self, PyObject* const* args, Py_ssize_t narg
     return slowly(kAllgatherSingle, self, args, nargs, kwnames);
   }
   try {
-    return calls::allgatherSingle(groupOf(self), args[0], args[1], async, algorithmAt(args, nargs, 3))
+    return calls::allgatherSingle(groupOf(self), args[0], args[1], async, algorithmAt(args, nargs, 3), std::nullopt)
         .release()
         .ptr();
   } catch (...) {
@@ -152,7 +152,7 @@ PyObject* reduceScatterSingle(PyObject* self, PyObject* const* args, Py_ssize_t 
     return slowly(kReduceScatterSingle, self, args, nargs, kwnames);
   }
   try {
-    return calls::reduceScatterSingle(groupOf(self), args[0], args[1], args[2], async, algorithmAt(args, nargs, 4))
+    return calls::reduceScatterSingle(groupOf(self), args[0], args[1], args[2], async, algorithmAt(args, nargs, 4), std::nullopt)
         .release()
         .ptr();
   } catch (...) {
@@ -168,7 +168,7 @@ PyObject* alltoallSingle(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   }
   try {
     return calls::alltoallSingle(groupOf(self), args[0], args[1], args[2], args[3], async,
-                                 algorithmAt(args, nargs, 5))
+                                 algorithmAt(args, nargs, 5), std::nullopt)
         .release()
         .ptr();
   } catch (...) {

@@ -83,10 +83,22 @@ Algorithm parseAlgorithmArgument(py::handle algorithm) {
   return parseAlgorithm(algorithm.cast<std::string>().c_str());
 }
 
+// A call's `timeout=`: none keeps the group's (0 ms); a timedelta must be positive (the
+// core refuses negative ones).
+std::chrono::milliseconds callTimeout(const std::optional<Microseconds>& timeout, const char* what) {
+  if (!timeout.has_value()) return std::chrono::milliseconds(0);
+  const auto milliseconds = toMilliseconds(*timeout);
+  if (milliseconds.count() == 0) {  // 0 would mean "the group's timeout"
+    throw InvalidArgument(std::string(what) + ": timeout must be positive, got 0");
+  }
+  return milliseconds;
+}
+
 template <typename Options>
-Options optionsWith(py::handle algorithm) {
+Options optionsWith(py::handle algorithm, const std::optional<Microseconds>& timeout, const char* what) {
   Options options;
   options.algorithm = parseAlgorithmArgument(algorithm);
+  options.timeout = callTimeout(timeout, what);
   return options;
 }
 
@@ -187,8 +199,8 @@ using KeepAlive = std::shared_ptr<void>;
 
 namespace calls {
 
-py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm) {
-  auto options = optionsWith<AllreduceOptions>(algorithm);
+py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<AllreduceOptions>(algorithm, timeout, "all_reduce");
   parseReduceOp(op, options.op, options.premulFactor);
   Buffer buffer(tensor, Access::kReadWrite, "all_reduce");
   return runOne(
@@ -196,8 +208,8 @@ py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool
       [&](const BufferView& view, KeepAlive keepAlive) { return group.allreduceAsync(view, options, keepAlive); });
 }
 
-py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp, py::handle algorithm) {
-  auto options = optionsWith<BroadcastOptions>(algorithm);
+py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<BroadcastOptions>(algorithm, timeout, "broadcast");
   options.root = root;
   Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast");
   return runOne(
@@ -206,8 +218,8 @@ py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyn
 }
 
 py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle op, bool asyncOp,
-                  py::handle algorithm) {
-  auto options = optionsWith<ReduceOptions>(algorithm);
+                  py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<ReduceOptions>(algorithm, timeout, "reduce");
   options.root = root;
   parseReduceOp(op, options.op, options.premulFactor);
   Buffer buffer(tensor, Access::kReadWrite, "reduce");
@@ -216,8 +228,9 @@ py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle o
       [&](const BufferView& view, KeepAlive keepAlive) { return group.reduceAsync(view, options, keepAlive); });
 }
 
-py::object allreduceCoalesced(ProcessGroup& group, py::handle tensors, py::handle op, bool asyncOp) {
+py::object allreduceCoalesced(ProcessGroup& group, py::handle tensors, py::handle op, bool asyncOp, const Timeout& timeout) {
   AllreduceOptions options;
+  options.timeout = callTimeout(timeout, "all_reduce_coalesced");
   parseReduceOp(op, options.op, options.premulFactor);
   Borrowed borrowed("all_reduce_coalesced");
   const auto views = borrowed.list(tensors, Access::kReadWrite, "tensors");
@@ -228,8 +241,8 @@ py::object allreduceCoalesced(ProcessGroup& group, py::handle tensors, py::handl
 }
 
 py::object allgather(ProcessGroup& group, py::handle tensorList, py::handle tensor, bool asyncOp,
-                     py::handle algorithm) {
-  const auto options = optionsWith<AllgatherOptions>(algorithm);
+                     py::handle algorithm, const Timeout& timeout) {
+  const auto options = optionsWith<AllgatherOptions>(algorithm, timeout, "all_gather");
   Borrowed borrowed("all_gather");
   const BufferView input = borrowed.one(tensor, Access::kRead);
   const auto outputs = borrowed.list(tensorList, Access::kReadWrite, "tensor_list");
@@ -240,8 +253,8 @@ py::object allgather(ProcessGroup& group, py::handle tensorList, py::handle tens
 }
 
 py::object allgatherSingle(ProcessGroup& group, py::handle outputTensor, py::handle inputTensor, bool asyncOp,
-                           py::handle algorithm) {
-  const auto options = optionsWith<AllgatherOptions>(algorithm);
+                           py::handle algorithm, const Timeout& timeout) {
+  const auto options = optionsWith<AllgatherOptions>(algorithm, timeout, "all_gather_single");
   Borrowed borrowed("all_gather_single");
   const BufferView output = borrowed.one(outputTensor, Access::kReadWrite);
   const BufferView input = borrowed.one(inputTensor, Access::kRead);
@@ -252,7 +265,9 @@ py::object allgatherSingle(ProcessGroup& group, py::handle outputTensor, py::han
 }
 
 py::object allgatherCoalesced(ProcessGroup& group, py::handle outputTensorLists, py::handle inputTensorList,
-                              bool asyncOp) {
+                              bool asyncOp, const Timeout& timeout) {
+  AllgatherOptions options;
+  options.timeout = callTimeout(timeout, "all_gather_coalesced");
   Borrowed borrowed("all_gather_coalesced");
   const auto inputs = borrowed.list(inputTensorList, Access::kRead, "input_tensor_list");
   if (!PyList_Check(outputTensorLists.ptr()) && !PyTuple_Check(outputTensorLists.ptr())) {
@@ -268,25 +283,27 @@ py::object allgatherCoalesced(ProcessGroup& group, py::handle outputTensorLists,
     for (py::handle tensor : py::reinterpret_borrow<py::sequence>(list)) flattened.append(tensor);
   }
   return run(
-      asyncOp, borrowed, [&] { group.allgatherCoalesced(outputs, inputs); },
-      [&](KeepAlive keepAlive) { return group.allgatherCoalescedAsync(outputs, inputs, {}, keepAlive); },
+      asyncOp, borrowed, [&] { group.allgatherCoalesced(outputs, inputs, options); },
+      [&](KeepAlive keepAlive) { return group.allgatherCoalescedAsync(outputs, inputs, options, keepAlive); },
       [&] { return flattened; });
 }
 
 py::object allgatherSingleCoalesced(ProcessGroup& group, py::handle outputTensors, py::handle inputTensors,
-                                    bool asyncOp) {
+                                    bool asyncOp, const Timeout& timeout) {
+  AllgatherOptions options;
+  options.timeout = callTimeout(timeout, "all_gather_single_coalesced");
   Borrowed borrowed("all_gather_single_coalesced");
   const auto outputs = borrowed.list(outputTensors, Access::kReadWrite, "output_tensors");
   const auto inputs = borrowed.list(inputTensors, Access::kRead, "input_tensors");
   return run(
-      asyncOp, borrowed, [&] { group.allgatherSingleCoalesced(outputs, inputs); },
-      [&](KeepAlive keepAlive) { return group.allgatherSingleCoalescedAsync(outputs, inputs, {}, keepAlive); },
+      asyncOp, borrowed, [&] { group.allgatherSingleCoalesced(outputs, inputs, options); },
+      [&](KeepAlive keepAlive) { return group.allgatherSingleCoalescedAsync(outputs, inputs, options, keepAlive); },
       [&] { return copyOf(outputTensors); });
 }
 
 py::object gather(ProcessGroup& group, py::handle tensor, py::handle gatherList, int root, bool asyncOp,
-                  py::handle algorithm) {
-  auto options = optionsWith<GatherOptions>(algorithm);
+                  py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<GatherOptions>(algorithm, timeout, "gather");
   options.root = root;
   Borrowed borrowed("gather");
   const BufferView input = borrowed.one(tensor, Access::kRead);
@@ -298,8 +315,8 @@ py::object gather(ProcessGroup& group, py::handle tensor, py::handle gatherList,
 }
 
 py::object scatter(ProcessGroup& group, py::handle tensor, py::handle scatterList, int root, bool asyncOp,
-                   py::handle algorithm) {
-  auto options = optionsWith<ScatterOptions>(algorithm);
+                   py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<ScatterOptions>(algorithm, timeout, "scatter");
   options.root = root;
   Borrowed borrowed("scatter");
   const BufferView output = borrowed.one(tensor, Access::kReadWrite);
@@ -311,8 +328,8 @@ py::object scatter(ProcessGroup& group, py::handle tensor, py::handle scatterLis
 }
 
 py::object reduceScatter(ProcessGroup& group, py::handle output, py::handle inputList, py::handle op, bool asyncOp,
-                         py::handle algorithm) {
-  auto options = optionsWith<ReduceScatterOptions>(algorithm);
+                         py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<ReduceScatterOptions>(algorithm, timeout, "reduce_scatter");
   parseReduceOp(op, options.op, options.premulFactor);
   Borrowed borrowed("reduce_scatter");
   const BufferView out = borrowed.one(output, Access::kReadWrite);
@@ -324,8 +341,8 @@ py::object reduceScatter(ProcessGroup& group, py::handle output, py::handle inpu
 }
 
 py::object reduceScatterSingle(ProcessGroup& group, py::handle output, py::handle input, py::handle op, bool asyncOp,
-                               py::handle algorithm) {
-  auto options = optionsWith<ReduceScatterOptions>(algorithm);
+                               py::handle algorithm, const Timeout& timeout) {
+  auto options = optionsWith<ReduceScatterOptions>(algorithm, timeout, "reduce_scatter_single");
   parseReduceOp(op, options.op, options.premulFactor);
   Borrowed borrowed("reduce_scatter_single");
   const BufferView out = borrowed.one(output, Access::kReadWrite);
@@ -337,8 +354,9 @@ py::object reduceScatterSingle(ProcessGroup& group, py::handle output, py::handl
 }
 
 py::object reduceScatterSingleCoalesced(ProcessGroup& group, py::handle outputs, py::handle inputs, py::handle op,
-                                        bool asyncOp) {
+                                        bool asyncOp, const Timeout& timeout) {
   ReduceScatterOptions options;
+  options.timeout = callTimeout(timeout, "reduce_scatter_single_coalesced");
   parseReduceOp(op, options.op, options.premulFactor);
   Borrowed borrowed("reduce_scatter_single_coalesced");
   const auto outs = borrowed.list(outputs, Access::kReadWrite, "outputs");
@@ -350,8 +368,8 @@ py::object reduceScatterSingleCoalesced(ProcessGroup& group, py::handle outputs,
 }
 
 py::object alltoall(ProcessGroup& group, py::handle outputTensorList, py::handle inputTensorList, bool asyncOp,
-                    py::handle algorithm) {
-  const auto options = optionsWith<AlltoallOptions>(algorithm);
+                    py::handle algorithm, const Timeout& timeout) {
+  const auto options = optionsWith<AlltoallOptions>(algorithm, timeout, "all_to_all");
   Borrowed borrowed("all_to_all");
   const auto outputs = borrowed.list(outputTensorList, Access::kReadWrite, "output_tensor_list");
   const auto inputs = borrowed.list(inputTensorList, Access::kRead, "input_tensor_list");
@@ -362,8 +380,8 @@ py::object alltoall(ProcessGroup& group, py::handle outputTensorList, py::handle
 }
 
 py::object alltoallSingle(ProcessGroup& group, py::handle output, py::handle input, py::handle outputSplitSizes,
-                          py::handle inputSplitSizes, bool asyncOp, py::handle algorithm) {
-  const auto options = optionsWith<AlltoallOptions>(algorithm);
+                          py::handle inputSplitSizes, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
+  const auto options = optionsWith<AlltoallOptions>(algorithm, timeout, "all_to_all_single");
   const std::vector<int64_t> outputSplits = parseSplitSizes(outputSplitSizes, "output_split_sizes");
   const std::vector<int64_t> inputSplits = parseSplitSizes(inputSplitSizes, "input_split_sizes");
   Borrowed borrowed("all_to_all_single");
@@ -377,14 +395,9 @@ py::object alltoallSingle(ProcessGroup& group, py::handle output, py::handle inp
       [&] { return listOf(output); });
 }
 
-py::object barrier(ProcessGroup& group, std::optional<Microseconds> timeout, bool asyncOp) {
+py::object barrier(ProcessGroup& group, const Timeout& timeout, bool asyncOp) {
   BarrierOptions options;
-  if (timeout.has_value()) {
-    options.timeout = toMilliseconds(*timeout);
-    if (options.timeout.count() == 0) {  // 0 would mean "the group's timeout"
-      throw InvalidArgument("barrier: timeout must be positive, got 0");
-    }
-  }
+  options.timeout = callTimeout(timeout, "barrier");
   if (asyncOp) {
     return pythonWork(group.barrierAsync(options), py::list());
   }
@@ -492,46 +505,46 @@ object with __dlpack__ or the buffer protocol, used in place; ranks are group ra
           "Connects the group's ranks through store (a collective over the size ranks; keys under comm/ and p2p/); "
           "blocks until done.")
       .def("allreduce", &calls::allreduce, py::arg("tensor"), py::arg("op"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(),
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "In place: tensor <- op over every rank's tensor. Returns a Work if async_op, else None.")
       .def("broadcast", &calls::broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(), "In place: tensor <- root's tensor.")
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(), "In place: tensor <- root's tensor.")
       .def("reduce", &calls::reduce, py::arg("tensor"), py::arg("root"), py::arg("op"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(),
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "In place on root: tensor <- op over every rank's tensor; the others' are left unchanged.")
       .def("allgather", &calls::allgather, py::arg("tensor_list"), py::arg("tensor"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(),
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "tensor_list[r] <- rank r's tensor (one buffer per rank; sizes may differ by rank).")
       .def("allgather_single", &calls::allgatherSingle, py::arg("output_tensor"), py::arg("input_tensor"),
-           py::arg("async_op"), py::arg("algorithm") = py::none(),
+           py::arg("async_op"), py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "output_tensor (world_size times input_tensor's size) <- every rank's input_tensor, in rank order.")
       .def("gather", &calls::gather, py::arg("tensor"), py::arg("gather_list"), py::arg("root"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(),
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "On root: gather_list[r] <- rank r's tensor; gather_list is None on the other ranks.")
       .def("scatter", &calls::scatter, py::arg("tensor"), py::arg("scatter_list"), py::arg("root"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(),
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "tensor <- root's scatter_list[rank]; scatter_list is None on the other ranks.")
       .def("reduce_scatter", &calls::reduceScatter, py::arg("output"), py::arg("input_list"), py::arg("op"),
-           py::arg("async_op"), py::arg("algorithm") = py::none(), "output <- op over every rank's input_list[rank].")
+           py::arg("async_op"), py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(), "output <- op over every rank's input_list[rank].")
       .def("reduce_scatter_single", &calls::reduceScatterSingle, py::arg("output"), py::arg("input"), py::arg("op"),
-           py::arg("async_op"), py::arg("algorithm") = py::none(),
+           py::arg("async_op"), py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "output <- op over every rank's part `rank` of input (world_size equal parts, end to end).")
       .def("alltoall", &calls::alltoall, py::arg("output_tensor_list"), py::arg("input_tensor_list"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(), "output_tensor_list[r] <- rank r's input_tensor_list[rank].")
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(), "output_tensor_list[r] <- rank r's input_tensor_list[rank].")
       .def("alltoall_single", &calls::alltoallSingle, py::arg("output"), py::arg("input"),
            py::arg("output_split_sizes"), py::arg("input_split_sizes"), py::arg("async_op"),
-           py::arg("algorithm") = py::none(),
+           py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "Part r of output <- part `rank` of rank r's input; parts are cut along dim 0, the split sizes' rows "
            "each (None or empty: world_size equal parts). input and output must not overlap.")
-      .def("allreduce_coalesced", &calls::allreduceCoalesced, py::arg("tensors"), py::arg("op"), py::arg("async_op"),
+      .def("allreduce_coalesced", &calls::allreduceCoalesced, py::arg("tensors"), py::arg("op"), py::arg("async_op"), py::arg("timeout") = py::none(),
            "In place: every tensors[i] <- op over every rank's tensors[i], as one operation.")
       .def("allgather_coalesced", &calls::allgatherCoalesced, py::arg("output_tensor_lists"), py::arg("input_tensor_list"),
-           py::arg("async_op"), "output_tensor_lists[r][i] <- rank r's input_tensor_list[i], as one operation.")
+           py::arg("async_op"), py::arg("timeout") = py::none(), "output_tensor_lists[r][i] <- rank r's input_tensor_list[i], as one operation.")
       .def("allgather_single_coalesced", &calls::allgatherSingleCoalesced, py::arg("output_tensors"),
-           py::arg("input_tensors"), py::arg("async_op"),
+           py::arg("input_tensors"), py::arg("async_op"), py::arg("timeout") = py::none(),
            "allgather_single(output_tensors[i], input_tensors[i]) for every i, as one operation.")
       .def("reduce_scatter_single_coalesced", &calls::reduceScatterSingleCoalesced, py::arg("outputs"), py::arg("inputs"),
-           py::arg("op"), py::arg("async_op"),
+           py::arg("op"), py::arg("async_op"), py::arg("timeout") = py::none(),
            "reduce_scatter_single(outputs[i], inputs[i]) for every i, as one operation.")
       .def("barrier", &calls::barrier, py::arg("timeout"), py::arg("async_op"),
            "Returns once every rank entered the barrier (timeout: timedelta, or None for the group's).")

@@ -12,8 +12,9 @@ released); the others are queued to the group's engine thread, in submission ord
 Methods are named as torch's Python ProcessGroup trampoline looks them up, so that torch's
 C++ callers (DDP's reducer, functional collectives, DTensor, FSDP2) reach them as well as
 ``torch.distributed``'s Python functions. ``monitored_barrier`` is served when called on
-the group (torch's ``dist.monitored_barrier`` allows only its gloo backend). Not served:
-per-call timeouts of collectives other than barrier (the group's timeout applies).
+the group (torch's ``dist.monitored_barrier`` allows only its gloo backend). A
+collective's ``opts.timeout``, when set, is that call's deadline (else the group's
+timeout applies), as with gloo.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .work import RingtreeWork
 __all__ = ["RingtreeProcessGroup", "create_process_group"]
 
 _BACKEND_NAME = "ringtree"
+_NO_TIMEOUT = timedelta(0)  # torch's unset per-call timeout is negative (-1 ms)
 
 # Groups torch has not destroyed. torch does not destroy process groups at exit, and a
 # native engine thread still running while the interpreter finalises would crash it (a
@@ -166,13 +168,19 @@ class RingtreeProcessGroup(dist.ProcessGroup):
 
     # --- the calls ------------------------------------------------------------------------
 
-    def _run(self, opts: Any, outputs: list[torch.Tensor], call: Callable[[bool], Any],
+    def _run(self, opts: Any, outputs: list[torch.Tensor], call: Callable[..., Any],
              typed_future: bool = False) -> RingtreeWork:
         """call(async_op) on the native group, async_op being ``opts.asyncOp`` (True for
         options without the field: torch releases before it, or point-to-point calls,
-        which pass None): its Work when async_op, else it has run."""
+        which pass None): its Work when async_op, else it has run. A collective's
+        ``opts.timeout``, when set (torch's unset one is negative), becomes the call's
+        deadline: call(async_op, timeout=opts.timeout)."""
+        timeout = getattr(opts, "timeout", None)
         try:
-            native = call(getattr(opts, "asyncOp", True))
+            if timeout is not None and timeout > _NO_TIMEOUT:
+                native = call(getattr(opts, "asyncOp", True), timeout=timeout)
+            else:
+                native = call(getattr(opts, "asyncOp", True))
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
         return RingtreeWork(native, outputs, typed_future)
@@ -187,32 +195,32 @@ class RingtreeProcessGroup(dist.ProcessGroup):
                 raise torch_error(error) from None
             return RingtreeWork(None, tensors)
         tensor = _one(tensors, "allreduce")
-        return self._run(opts, [tensor], lambda a: self._native.allreduce(tensor, opts.reduceOp, a),
+        return self._run(opts, [tensor], lambda a, **t: self._native.allreduce(tensor, opts.reduceOp, a, **t),
                          typed_future=True)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
         tensors = _all(tensors)
         return self._run(opts, tensors,
-                         lambda a: self._native.allreduce_coalesced(tensors, opts.reduceOp, a), typed_future=True)
+                         lambda a, **t: self._native.allreduce_coalesced(tensors, opts.reduceOp, a, **t), typed_future=True)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.BroadcastOptions() if opts is None else opts
         tensor = _one(tensors, "broadcast")
-        return self._run(opts, [tensor], lambda a: self._native.broadcast(tensor, opts.rootRank, a))
+        return self._run(opts, [tensor], lambda a, **t: self._native.broadcast(tensor, opts.rootRank, a, **t))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingtreeWork:
         opts = dist.ReduceOptions() if opts is None else opts
         tensor = _one(tensors, "reduce")
         return self._run(opts, [tensor],
-                         lambda a: self._native.reduce(tensor, opts.rootRank, opts.reduceOp, a))
+                         lambda a, **t: self._native.reduce(tensor, opts.rootRank, opts.reduceOp, a, **t))
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> RingtreeWork:
         opts = dist.AllgatherOptions() if opts is None else opts
         tensor = _one(input_tensors, "allgather")
         outputs = _all(_one_list(output_tensors, "allgather"))
-        return self._run(opts, outputs, lambda a: self._native.allgather(outputs, tensor, a))
+        return self._run(opts, outputs, lambda a, **t: self._native.allgather(outputs, tensor, a, **t))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> RingtreeWork:
@@ -221,12 +229,12 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         inputs = _all(input_list)
         flat = [t for per_rank in outputs for t in per_rank]
         return self._run(opts, flat,
-                         lambda a: self._native.allgather_coalesced(outputs, inputs, a))
+                         lambda a, **t: self._native.allgather_coalesced(outputs, inputs, a, **t))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
         opts = dist.AllgatherOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(opts, [output], lambda a: self._native.allgather_single(output, input, a))
+        return self._run(opts, [output], lambda a, **t: self._native.allgather_single(output, input, a, **t))
 
     _allgather_base = all_gather_single
 
@@ -235,7 +243,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.AllgatherOptions() if opts is None else opts
         outputs, inputs = _all(outputs), _all(inputs)
         return self._run(opts, outputs,
-                         lambda a: self._native.allgather_single_coalesced(outputs, inputs, a))
+                         lambda a, **t: self._native.allgather_single_coalesced(outputs, inputs, a, **t))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -246,7 +254,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         gather_list = _all(_one_list(output_tensors, "gather")) if output_tensors else None
         outputs = gather_list or []
         return self._run(opts, outputs,
-                         lambda a: self._native.gather(tensor, gather_list, opts.rootRank, a))
+                         lambda a, **t: self._native.gather(tensor, gather_list, opts.rootRank, a, **t))
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> RingtreeWork:
@@ -254,7 +262,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         tensor = _one(output_tensors, "scatter")
         scatter_list = _all(_one_list(input_tensors, "scatter")) if input_tensors else None
         return self._run(opts, [tensor],
-                         lambda a: self._native.scatter(tensor, scatter_list, opts.rootRank, a))
+                         lambda a, **t: self._native.scatter(tensor, scatter_list, opts.rootRank, a, **t))
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> RingtreeWork:
@@ -262,13 +270,13 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         tensor = _one(output_tensors, "reduce_scatter")
         inputs = _all(_one_list(input_tensors, "reduce_scatter"))
         return self._run(opts, [tensor],
-                         lambda a: self._native.reduce_scatter(tensor, inputs, opts.reduceOp, a))
+                         lambda a, **t: self._native.reduce_scatter(tensor, inputs, opts.reduceOp, a, **t))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingtreeWork:  # noqa: A002
         opts = dist.ReduceScatterOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
         return self._run(opts, [output],
-                         lambda a: self._native.reduce_scatter_single(output, input, opts.reduceOp, a))
+                         lambda a, **t: self._native.reduce_scatter_single(output, input, opts.reduceOp, a, **t))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -277,7 +285,7 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         outputs, inputs = _all(outputs), _all(inputs)
         return self._run(opts, outputs,
-                         lambda a: self._native.reduce_scatter_single_coalesced(outputs, inputs, opts.reduceOp, a))
+                         lambda a, **t: self._native.reduce_scatter_single_coalesced(outputs, inputs, opts.reduceOp, a, **t))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -286,21 +294,20 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         opts = dist.AllToAllOptions() if opts is None else opts
         outputs, inputs = _all(output_tensors), _all(input_tensors)
         return self._run(opts, outputs,
-                         lambda a: self._native.alltoall(outputs, inputs, a))
+                         lambda a, **t: self._native.alltoall(outputs, inputs, a, **t))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
                           input_split_sizes: list[int], opts: Any = None) -> RingtreeWork:
         opts = dist.AllToAllOptions() if opts is None else opts
         output, input = _usable(output), _usable(input)  # noqa: A001
-        return self._run(opts, [output],
-                         lambda a: self._native.alltoall_single(output, input, output_split_sizes, input_split_sizes, a))
+        return self._run(opts, [output], lambda a, **t: self._native.alltoall_single(
+            output, input, output_split_sizes, input_split_sizes, a, **t))
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> RingtreeWork:
         opts = dist.BarrierOptions() if opts is None else opts
-        timeout = opts.timeout if opts.timeout > timedelta(0) else None
-        return self._run(opts, [], lambda a: self._native.barrier(timeout, a))
+        return self._run(opts, [], lambda a, timeout=None: self._native.barrier(timeout, a))
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """``ringtree.monitored_barrier`` on this group, over its store: names the ranks that
