@@ -57,17 +57,27 @@ std::shared_ptr<Work> OperationQueue::submit(const char* opName, std::function<v
   return work;
 }
 
-void OperationQueue::wakeWorker() { stateCv_.notify_all(); }
+void OperationQueue::leaveToWorker(const Work* target) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto queued = std::find_if(queue_.begin(), queue_.end(),
+                                     [target](const Task& task) { return task.work.get() == target; });
+    if (queued != queue_.end()) queued->start = Start::kAtOnce;
+  }
+  stateCv_.notify_all();
+}
 
 void OperationQueue::becomeIdle() {
   bool wanted = false;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     busy_ = false;
-    // Only the worker (for the next queued operation, unless that one is left to a waiter
-    // while the worker wakes by itself) and shutdown()/abort() (which set shutdown_ before
-    // they wait) wait for this: a call that ran alone wakes nobody.
-    wanted = shutdown_ || (!queue_.empty() && (!workerTimed_ || queue_.front().start == Start::kAtOnce));
+    // Only the worker (for a queued operation, unless every one is left to a waiter while
+    // the worker wakes by itself) and shutdown()/abort() (which set shutdown_ before they
+    // wait) wait for this: a call that ran alone wakes nobody.
+    const bool needsWorker = std::any_of(queue_.begin(), queue_.end(),
+                                         [](const Task& task) { return task.start == Start::kAtOnce; });
+    wanted = shutdown_ || (!queue_.empty() && (!workerTimed_ || needsWorker));
   }
   if (wanted) stateCv_.notify_all();
 }
@@ -86,7 +96,7 @@ std::shared_ptr<Work> OperationQueue::newWork(const char* opName, std::shared_pt
     if (deadline == Work::Deadline::max()) {
       alive->runQueuedUpTo(target);
     } else {
-      alive->wakeWorker();  // a bounded wait() must not start an operation, nor may a callback wait
+      alive->leaveToWorker(target);  // a bounded wait() must not start an operation, nor may a callback wait
     }
   });
   return work;
@@ -136,10 +146,15 @@ void OperationQueue::runFront(std::unique_lock<std::mutex>& lock) {
 void OperationQueue::runQueuedUpTo(const Work* target) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    if (busy_) return;  // another thread runs one: it also runs target's
     const auto queued = std::find_if(queue_.begin(), queue_.end(),
                                      [target](const Task& task) { return task.work.get() == target; });
     if (queued == queue_.end()) return;  // taken by another thread, or dropped by abort()
+    if (busy_) {
+      // Another thread runs one; the caller sleeps until target's is done, so the worker
+      // must take it as soon as the queue is free.
+      queued->start = Start::kAtOnce;
+      return;
+    }
     const bool last = queued == queue_.begin();
     runFront(lock);
     if (last) return;

@@ -94,16 +94,19 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   void startWorkerLocked();
   void workerLoop();
   // A Work whose unbounded wait() runs the queue up to it (runQueuedUpTo); a bounded
-  // wait() or a callback wakes the worker instead.
+  // wait() or a callback leaves it to the worker instead (leaveToWorker).
   std::shared_ptr<Work> newWork(const char* opName, std::shared_ptr<void> keepAlive);
-  void wakeWorker();
+  // Marks target's queued operation kAtOnce (its Work is waited for or has a callback, so
+  // the worker must run it as soon as the queue is free) and wakes the worker.
+  void leaveToWorker(const Work* target);
   // Marks the running operation done (busy_ false) and wakes whoever waits for that.
   void becomeIdle();
   // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
   // return, released while the task runs and while its Work finishes).
   void runFront(std::unique_lock<std::mutex>& lock);
   // Work::wait()'s progress driver: runs the queued tasks up to and including `target`'s
-  // on the calling thread, while no other thread runs one and target is still queued.
+  // on the calling thread, while no other thread runs one and target is still queued
+  // (when another thread runs one, target's is marked kAtOnce for the worker).
   void runQueuedUpTo(const Work* target);
 
   mutable std::mutex mutex_;
