@@ -676,6 +676,7 @@ TEST_P(P2pTest, BlockingCallInACallbackOfADrivenPeer) {
       }
       std::vector<int32_t> first(2), inner(2), second(2);
       std::atomic<bool> innerDone{false};
+      std::atomic<bool> callbackReturned{false};
       const auto firstWork = recv(p2p, first, 1, tag);
       firstWork->addCallback([&](Work&) {
         try {
@@ -685,11 +686,15 @@ TEST_P(P2pTest, BlockingCallInACallbackOfADrivenPeer) {
         } catch (const InvalidArgument&) {
           // On the progress thread: done below.
         }
+        callbackReturned = true;
       });
       const auto secondWork = recv(p2p, second, 1, tag + 1);
       posted = round + 1;
       secondWork->wait();
       firstWork->wait();
+      // wait() returns once the Work completed, maybe before its callback (on another
+      // thread) returned: the callback uses this iteration's locals.
+      while (!callbackReturned.load()) std::this_thread::yield();
       if (!innerDone) blockingRecv(p2p, inner, 1, tag + 2);
       EXPECT_EQ(first, values(2, static_cast<uint32_t>(tag)));
       EXPECT_EQ(inner, values(2, static_cast<uint32_t>(tag + 2)));
