@@ -54,15 +54,14 @@ class MpiWork:
     API over one MPI request, in C (bindings/mpi_request_work.cc)."""
 
     __slots__ = ("_callbacks", "_describe", "_done", "_error", "_event", "_finish", "_future", "_keep", "_lock",
-                 "_outputs", "deadline")
+                 "_outputs")
 
     def __init__(self, outputs: list[Any], keep: Any, finish: Callable[[Any], None] | None,
                  describe: Callable[[], str]) -> None:
         self._outputs = outputs
         self._keep = keep  # the borrowed buffers and scratch, held until completion
         self._finish = finish
-        self._describe = describe
-        self.deadline = float("inf")  # the engine's overdue() watches the call while it runs
+        self._describe = describe  # the engine's overdue() watches the call while the worker runs it
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._done = False
