@@ -97,11 +97,21 @@ HostLayout HostLayout::of(int rank, std::vector<int> hostOf) {
   layout.localIndex = static_cast<int>(std::find(layout.localRanks.begin(), layout.localRanks.end(), rank) -
                                        layout.localRanks.begin());
   if (layout.uniform) {
-    for (const auto& ranks : ranksOf) layout.peersAcross.push_back(ranks[static_cast<size_t>(layout.localIndex)]);
+    for (const auto& ranks : ranksOf) {
+      layout.peersAcross.push_back(ranks[static_cast<size_t>(layout.localIndex)]);
+      layout.grid.insert(layout.grid.end(), ranks.begin(), ranks.end());
+    }
     layout.acrossIndex = me;
   }
   layout.hostOf = std::move(hostOf);
   return layout;
+}
+
+int HostLayout::localIndexOf(int rank) const {
+  const size_t local = localRanks.size();
+  const size_t host = static_cast<size_t>(hostOf.at(static_cast<size_t>(rank)));
+  const auto row = grid.begin() + static_cast<std::ptrdiff_t>(host * local);
+  return static_cast<int>(std::find(row, row + static_cast<std::ptrdiff_t>(local), rank) - row);
 }
 
 CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,

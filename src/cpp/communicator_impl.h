@@ -75,6 +75,14 @@ struct HostLayout {
   int localIndex = 0;            // this rank's position in localRanks
   std::vector<int> peersAcross;  // for each host, its rank at this rank's localIndex
   int acrossIndex = 0;           // this rank's host index (its position in peersAcross)
+  std::vector<int> grid;         // grid[h * L + c]: the rank at local index c of host h (L = localRanks.size())
+
+  // The rank at local index `local` of host `host` (uniform layouts only).
+  int rankAt(int host, int local) const {
+    return grid[static_cast<size_t>(host) * localRanks.size() + static_cast<size_t>(local)];
+  }
+  // The local index of `rank` on its host (uniform layouts only).
+  int localIndexOf(int rank) const;
 
   // The layout of `rank` given every rank's host index.
   static HostLayout of(int rank, std::vector<int> hostOf);

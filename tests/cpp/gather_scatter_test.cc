@@ -413,7 +413,7 @@ TEST(GatherScatterFamily, InvalidArgumentsThrowBeforeAnyDataMoves) {
                   "allgather: the sum of counts does not fit in size_t");
     const auto chain = withAlgorithm<AllgatherOptions>(Algorithm::kChain);
     expectInvalid([&] { allgather(comm, a.data(), outputs, counts, i32, chain); },
-                  "algorithm 'chain' is not available for allgather; choose one of ring, halving_doubling, shm_direct");
+                  "algorithm 'chain' is not available for allgather; choose one of ring, halving_doubling, shm_direct, hierarchical");
     const auto shmDirect = withAlgorithm<AllgatherOptions>(Algorithm::kShmDirect);
     expectInvalid([&] { allgather(comm, a.data(), outputs, counts, i32, shmDirect); },
                   "allgather: shm_direct needs every rank on one host");

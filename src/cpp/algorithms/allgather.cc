@@ -1,8 +1,8 @@
 // allgather: ring (each block travels once around the ring, received straight into its
 // output and forwarded from there: no copies), Bruck's doubling ("halving_doubling":
 // ceil(log2 n) steps of growing runs of blocks, through a scratch copy; any n, any
-// counts) and shm_direct (every rank writes its block once into the node arena, every
-// rank copies every other rank's).
+// counts), shm_direct (every rank writes its block once into the node arena, every
+// rank copies every other rank's) and hierarchical across hosts (hierarchical.h).
 
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +14,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
@@ -87,7 +88,8 @@ void allgather(Communicator& communicator, const void* input, void* const* outpu
   validation::checkBuffer("allgather", "input", input, counts[rank]);
   const size_t es = elementSize(type);
   const Algorithm algorithm = selectAlgorithm(Collective::kAllgather, options.algorithm, total * es, n,
-                                              communicator.impl().arena() != nullptr);
+                                              communicator.impl().arena() != nullptr,
+                                              communicator.impl().hosts().uniform);
   runCall(communicator, Collective::kAllgather, algorithm, type, ReduceOp::kSum, total, -1, options.timeout,
           [&](Call& call) {
             if (n > 1) {
@@ -96,6 +98,7 @@ void allgather(Communicator& communicator, const void* input, void* const* outpu
                   shmDirectAllgather(call, input, outputs, counts, options.maxSegmentBytes);
                   break;
                 case Algorithm::kHalvingDoubling: bruckAllgather(call, input, outputs, counts); break;
+                case Algorithm::kHierarchical: hierarchicalAllgather(call, input, outputs, counts); break;
                 default: ringAllgatherBlocks(call, input, outputs, counts, options.maxSegmentBytes); break;
               }
             }

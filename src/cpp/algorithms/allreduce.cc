@@ -9,6 +9,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
@@ -40,39 +41,6 @@ void ringAllreduce(Call& call, void* buffer, size_t count, const transport::Accu
     void* slice = elementAt(buffer, sliceStart, es);
     ringReduceScatter(call, allRanks(call), slice, thisCount, acc);
     ringAllgather(call, allRanks(call), slice, thisCount);
-    sliceStart += sliceCount;
-  } while (sliceStart < count);
-}
-
-// Hierarchical, for ranks on H hosts with L ranks each: a ring reduce-scatter among the L
-// ranks of each host leaves each rank the host's sum of one part (1/L of the buffer); the
-// H ranks that own the same part, one per host, ring-allreduce it across the hosts; a
-// ring allgather within each host spreads the parts. Each host's link carries 2(H-1)/H of
-// the buffer each way, split over its L ranks (the flat ring's crossings carry 2(n-1)/n
-// of it per crossing, with H x L = n). Each element's final value is computed on one rank
-// and copied, so every rank gets the same bits. maxSegmentBytes slices the buffer as the
-// flat ring does (a test knob).
-void hierarchicalAllreduce(Call& call, void* buffer, size_t count, const transport::Accumulate& acc,
-                           size_t maxSegmentBytes) {
-  const detail::HostLayout& hosts = call.comm.hosts();
-  const int local = static_cast<int>(hosts.localRanks.size());
-  const RingMembers onHost{hosts.localRanks.data(), local, hosts.localIndex};
-  const RingMembers across{hosts.peersAcross.data(), hosts.hosts, hosts.acrossIndex};
-  const size_t es = call.elementSize;
-  size_t sliceCount = count;
-  if (maxSegmentBytes > 0) {
-    sliceCount = std::max<size_t>(1, maxSegmentBytes / es) * static_cast<size_t>(call.size());
-  }
-  size_t sliceStart = 0;
-  do {
-    const size_t thisCount = std::min(sliceCount, count - sliceStart);
-    void* slice = elementAt(buffer, sliceStart, es);
-    ringReduceScatter(call, onHost, slice, thisCount, acc);
-    const Range part = partition(thisCount, local, ringOwnedPart(hosts.localIndex, local));
-    void* owned = elementAt(slice, part.offset, es);
-    ringReduceScatter(call, across, owned, part.count, acc);
-    ringAllgather(call, across, owned, part.count);
-    ringAllgather(call, onHost, slice, thisCount);
     sliceStart += sliceCount;
   } while (sliceStart < count);
 }

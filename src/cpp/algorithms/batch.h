@@ -19,7 +19,9 @@ class Batch {
   explicit Batch(Call& call) : call_(call) {}
 
   void send(int peer, const void* data, size_t bytes) { pair(peer).postSend(call_.envelope, data, bytes); }
-  void recv(int peer, void* data, size_t bytes) { pair(peer).postRecv(call_.envelope, data, bytes); }
+  void recv(int peer, void* data, size_t bytes, const transport::Accumulate& accumulate = {}) {
+    pair(peer).postRecv(call_.envelope, data, bytes, accumulate);
+  }
 
   // Blocks until every message posted so far is done; the batch is empty afterwards.
   // Throws what CommunicatorImpl::waitIdle throws (TimeoutError at the call's deadline,

@@ -1,12 +1,16 @@
 // broadcast: binomial tree (latency: ceil(log2 n) steps), a pipelined chain
 // (bandwidth: root -> root+1 -> ... in segments, each rank forwarding segment i while it
-// receives segment i+1) and shm_direct (the root writes each piece once into the node
-// arena, every other rank reads it).
+// receives segment i+1), shm_direct (the root writes each piece once into the node
+// arena, every other rank reads it) and hierarchical across hosts (hierarchical.h).
+
+#include <vector>
 
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
 #include "algorithms/call.h"
+#include "algorithms/hierarchical.h"
+#include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"
@@ -28,33 +32,12 @@ void treeBroadcast(Call& call, void* buffer, size_t bytes, int root) {
   }
 }
 
+// The chain root, root + 1, ..., root - 1 (mod n).
 void chainBroadcast(Call& call, void* buffer, size_t bytes, int root, size_t segmentBytes) {
   const int n = call.size();
-  const int position = (call.rank() - root + n) % n;
-  const int previous = position == 0 ? -1 : (call.rank() + n - 1) % n;
-  const int next = position == n - 1 ? -1 : (call.rank() + 1) % n;
-  auto* data = static_cast<char*>(buffer);
-  const size_t segments = bytes == 0 ? 1 : (bytes + segmentBytes - 1) / segmentBytes;
-  auto segment = [&](size_t i) {
-    const size_t offset = i * segmentBytes;
-    return std::pair<char*, size_t>(data + offset, std::min(segmentBytes, bytes - std::min(bytes, offset)));
-  };
-  if (previous >= 0) {
-    const auto first = segment(0);
-    recv(call, previous, first.first, first.second);
-  }
-  for (size_t i = 0; i < segments; ++i) {
-    const auto out = segment(i);
-    if (next >= 0 && previous >= 0 && i + 1 < segments) {
-      const auto in = segment(i + 1);
-      sendRecv(call, next, out.first, out.second, previous, in.first, in.second);
-    } else if (next >= 0) {
-      send(call, next, out.first, out.second);
-    } else if (previous >= 0 && i + 1 < segments) {
-      const auto in = segment(i + 1);
-      recv(call, previous, in.first, in.second);
-    }
-  }
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int position = 0; position < n; ++position) order[static_cast<size_t>(position)] = (root + position) % n;
+  chainPass(call, RingMembers{order.data(), n, (call.rank() - root + n) % n}, buffer, bytes, segmentBytes);
 }
 
 }  // namespace
@@ -68,17 +51,20 @@ void broadcast(Communicator& communicator, void* buffer, size_t count, DataType 
   validation::checkBuffer("broadcast", "buffer", buffer, count);
   const size_t bytes = validation::checkedBytes("broadcast", count, type);
   const Algorithm algorithm =
-      selectAlgorithm(Collective::kBroadcast, options.algorithm, bytes, n, communicator.impl().arena() != nullptr);
+      selectAlgorithm(Collective::kBroadcast, options.algorithm, bytes, n, communicator.impl().arena() != nullptr,
+                      communicator.impl().hosts().uniform);
   runCall(communicator, Collective::kBroadcast, algorithm, type, ReduceOp::kSum, count, options.root,
           options.timeout, [&](Call& call) {
             if (n == 1) {
               return;
             }
+            size_t segment = options.maxSegmentBytes > 0 ? options.maxSegmentBytes : kDefaultChainSegmentBytes;
+            segment = std::max(call.elementSize, segment / call.elementSize * call.elementSize);
             if (algorithm == Algorithm::kShmDirect) {
               shmDirectBroadcast(call, buffer, bytes, options.root, options.maxSegmentBytes);
+            } else if (algorithm == Algorithm::kHierarchical) {
+              hierarchicalBroadcast(call, buffer, bytes, options.root, segment);
             } else if (algorithm == Algorithm::kChain) {
-              size_t segment = options.maxSegmentBytes > 0 ? options.maxSegmentBytes : kDefaultChainSegmentBytes;
-              segment = std::max(call.elementSize, segment / call.elementSize * call.elementSize);
               chainBroadcast(call, buffer, bytes, options.root, segment);
             } else {
               treeBroadcast(call, buffer, bytes, options.root);

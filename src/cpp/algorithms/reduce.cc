@@ -1,5 +1,6 @@
-// reduce: binomial tree (latency) and ring reduce-scatter + gather to the root
-// (bandwidth). Only the root's buffer changes; other ranks work on a scratch copy.
+// reduce: binomial tree (latency), ring reduce-scatter + gather to the root (bandwidth)
+// and hierarchical across hosts (hierarchical.h). Only the root's buffer changes; other
+// ranks work on a scratch copy.
 
 #include <cstring>
 
@@ -8,6 +9,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
@@ -82,7 +84,8 @@ void reduce(Communicator& communicator, void* buffer, size_t count, DataType typ
   validation::checkBuffer("reduce", "buffer", buffer, count);
   const ReduceFn fn = reduceFunction(type, options.op);
   const size_t bytes = validation::checkedBytes("reduce", count, type);
-  const Algorithm algorithm = selectAlgorithm(Collective::kReduce, options.algorithm, bytes, n);
+  const Algorithm algorithm = selectAlgorithm(Collective::kReduce, options.algorithm, bytes, n, false,
+                                              communicator.impl().hosts().uniform);
   runCall(communicator, Collective::kReduce, algorithm, type, options.op, count, options.root, options.timeout,
           [&](Call& call) {
             const transport::Accumulate acc{fn, call.elementSize};
@@ -90,6 +93,10 @@ void reduce(Communicator& communicator, void* buffer, size_t count, DataType typ
               if (options.op == ReduceOp::kPremulSum) {
                 scale(buffer, count, type, options.premulFactor);
               }
+            } else if (algorithm == Algorithm::kHierarchical) {
+              void* working = workingBuffer(call, buffer, count, type, options, true);
+              const size_t segment = options.maxSegmentBytes > 0 ? options.maxSegmentBytes : kDefaultChainSegmentBytes;
+              hierarchicalReduce(call, working, count, options.root, acc, segment);
             } else if (algorithm == Algorithm::kRing) {
               ringReduce(call, buffer, count, type, options, acc);
             } else {

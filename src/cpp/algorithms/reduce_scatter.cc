@@ -4,7 +4,7 @@
 // order) and shm_direct (the same fold, through the node arena). Each output element is
 // computed by one rank in an order fixed by the rank count, so results are the same in
 // every run; pairwise and shm_direct fold in rank order, as the one-shot shm_direct
-// allreduce does.
+// allreduce does. Across hosts, hierarchical (hierarchical.h).
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +18,7 @@
 #include "algorithms/batch.h"
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
@@ -123,7 +124,8 @@ void reduceScatter(Communicator& communicator, const void* const* inputs, void* 
   validation::checkBuffer("reduce_scatter", "output", output, counts[rank]);
   const size_t es = elementSize(type);
   const Algorithm algorithm = selectAlgorithm(Collective::kReduceScatter, options.algorithm, total * es, n,
-                                              communicator.impl().arena() != nullptr);
+                                              communicator.impl().arena() != nullptr,
+                                              communicator.impl().hosts().uniform);
   runCall(communicator, Collective::kReduceScatter, algorithm, type, options.op, total, -1, options.timeout,
           [&](Call& call) {
             const size_t largest = *std::max_element(counts, counts + n);
@@ -133,6 +135,8 @@ void reduceScatter(Communicator& communicator, const void* const* inputs, void* 
               workspaceBytes = ringWorkspaceBytes(n, sliceCount, largest, es);
             } else if (n > 1 && algorithm == Algorithm::kPairwise) {
               workspaceBytes = pairwiseWorkspaceBytes(n, sliceCount, counts[rank], es);
+            } else if (n > 1 && algorithm == Algorithm::kHierarchical) {
+              workspaceBytes = total * es;
             }
             // Scratch: [every input premultiplied (PREMUL_SUM only) | the algorithm's].
             const size_t premulBytes = options.op == ReduceOp::kPremulSum ? (total * es + 63) / 64 * 64 : 0;
@@ -156,6 +160,10 @@ void reduceScatter(Communicator& communicator, const void* const* inputs, void* 
                   break;
                 case Algorithm::kPairwise:
                   pairwiseReduceScatter(call, sources, output, counts, fn, sliceCount, scratch + premulBytes);
+                  break;
+                case Algorithm::kHierarchical:
+                  hierarchicalReduceScatter(call, sources.data(), output, counts, transport::Accumulate{fn, es},
+                                            scratch + premulBytes);
                   break;
                 default:
                   ringReduceScatterBlocks(call, sources, output, counts, transport::Accumulate{fn, es},

@@ -5,10 +5,11 @@
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
 
-// The two halves of the ring allreduce, shared by allreduce (flat and hierarchical) and
-// reduce. Both work in place on `count` elements cut into n parts (partition()), in
-// n - 1 steps that each send to the right neighbour while receiving from the left one,
-// over a ring of n members: every rank of the communicator, or a subset of them.
+// Passes over an ordered set of members (every rank of the communicator, or a subset of
+// them): the two halves of the ring allreduce, shared by allreduce (flat and
+// hierarchical) and reduce, which work in place on `count` elements cut into n parts
+// (partition()), in n - 1 steps that each send to the right neighbour while receiving
+// from the left one; and the pipelined chain of broadcast and of the hierarchical reduce.
 namespace ringtree::algorithms {
 
 // The ranks a ring runs over, in ring order: ranks[0 .. n) (communicator ranks), or every
@@ -35,6 +36,14 @@ void ringReduceScatter(Call& call, const RingMembers& members, void* buffer, siz
 void ringAllgather(Call& call, const RingMembers& members, void* buffer, size_t count);
 
 inline int ringOwnedPart(int index, int size) { return (index + 1) % size; }
+
+// A pipelined chain: `bytes` at `data` flow from members.at(0) to members.at(1), ... to
+// members.at(n - 1) in segments of segmentBytes (a multiple of the element size when
+// accumulating); each member after the first receives every segment (folding it into its
+// own with accumulate, when given) and forwards it, sending segment i while segment i + 1
+// arrives. members.index is this rank's position in the chain.
+void chainPass(Call& call, const RingMembers& members, void* data, size_t bytes, size_t segmentBytes,
+               const transport::Accumulate& accumulate = {});
 
 inline char* elementAt(void* buffer, size_t element, size_t elementSize) {
   return static_cast<char*>(buffer) + element * elementSize;

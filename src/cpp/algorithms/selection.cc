@@ -50,16 +50,18 @@ bool implements(Collective collective, Algorithm algorithm) {
              algorithm == Algorithm::kHalvingDoubling || algorithm == Algorithm::kShmDirect ||
              algorithm == Algorithm::kHierarchical;
     case Collective::kBroadcast:
-      return algorithm == Algorithm::kTree || algorithm == Algorithm::kChain || algorithm == Algorithm::kShmDirect;
+      return algorithm == Algorithm::kTree || algorithm == Algorithm::kChain || algorithm == Algorithm::kShmDirect ||
+             algorithm == Algorithm::kHierarchical;
     case Collective::kReduce:
-      return algorithm == Algorithm::kTree || algorithm == Algorithm::kRing;
+      return algorithm == Algorithm::kTree || algorithm == Algorithm::kRing || algorithm == Algorithm::kHierarchical;
     case Collective::kBarrier:
       return false;
     case Collective::kAllgather:
       return algorithm == Algorithm::kRing || algorithm == Algorithm::kHalvingDoubling ||
-             algorithm == Algorithm::kShmDirect;
+             algorithm == Algorithm::kShmDirect || algorithm == Algorithm::kHierarchical;
     case Collective::kReduceScatter:
-      return algorithm == Algorithm::kRing || algorithm == Algorithm::kPairwise || algorithm == Algorithm::kShmDirect;
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kPairwise || algorithm == Algorithm::kShmDirect ||
+             algorithm == Algorithm::kHierarchical;
     case Collective::kAlltoall:
       return algorithm == Algorithm::kPairwise || algorithm == Algorithm::kShmDirect;
     case Collective::kGather:
@@ -72,11 +74,11 @@ bool implements(Collective collective, Algorithm algorithm) {
 const char* implementedNames(Collective collective) {
   switch (collective) {
     case Collective::kAllreduce: return "ring, tree, halving_doubling, shm_direct, hierarchical";
-    case Collective::kBroadcast: return "tree, chain, shm_direct";
-    case Collective::kReduce: return "tree, ring";
-    case Collective::kBarrier: return "(none: barrier has one algorithm)";
-    case Collective::kAllgather: return "ring, halving_doubling, shm_direct";
-    case Collective::kReduceScatter: return "ring, pairwise, shm_direct";
+    case Collective::kBroadcast: return "tree, chain, shm_direct, hierarchical";
+    case Collective::kReduce: return "tree, ring, hierarchical";
+    case Collective::kBarrier: return "(none: barrier chooses by the layout)";
+    case Collective::kAllgather: return "ring, halving_doubling, shm_direct, hierarchical";
+    case Collective::kReduceScatter: return "ring, pairwise, shm_direct, hierarchical";
     case Collective::kAlltoall: return "pairwise, shm_direct";
     case Collective::kGather:
     case Collective::kScatter: return "tree, linear";
@@ -163,6 +165,12 @@ Algorithm bySize(Collective collective, size_t bytes, int worldSize, bool hasAre
   if (hasArena && preferShmDirect(collective, bytes, worldSize)) {
     return Algorithm::kShmDirect;
   }
+  // Across hosts the topology-aware algorithms send each byte over the network once per
+  // host and small messages over it in the fewest rounds (see hierarchical.h).
+  if (hostsUniform && (collective == Collective::kBroadcast || collective == Collective::kReduce ||
+                       collective == Collective::kAllgather || collective == Collective::kReduceScatter)) {
+    return Algorithm::kHierarchical;
+  }
   const bool small = bytes <= kSmallMessageBytes;
   switch (collective) {
     case Collective::kAllreduce:
@@ -211,7 +219,7 @@ Algorithm bySize(Collective collective, size_t bytes, int worldSize, bool hasAre
 Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize, bool hasArena,
                           bool hostsUniform) {
   if (collective == Collective::kBarrier) {
-    return hasArena ? Algorithm::kShmDirect : Algorithm::kAuto;
+    return hasArena ? Algorithm::kShmDirect : (hostsUniform ? Algorithm::kHierarchical : Algorithm::kAuto);
   }
   if (requested != Algorithm::kAuto) {
     if (!implements(collective, requested)) {

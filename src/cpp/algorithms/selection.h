@@ -25,13 +25,14 @@ namespace ringtree::algorithms {
 // hasArena: whether the communicator has a node arena. Every rank agrees on it at
 // rendezvous, so the choice stays the same on all ranks. kShmDirect needs it (or a
 // single rank): asked for explicitly without it, InvalidArgument; named by RINGTREE_ALGO
-// without it, ignored. Barrier returns kShmDirect with an arena, kAuto (dissemination
-// over the pairs) without.
+// without it, ignored. Barrier returns kShmDirect with an arena, kHierarchical across
+// hosts (hostsUniform), kAuto (dissemination over the pairs) otherwise.
 //
 // hostsUniform: whether the ranks run on several hosts with the same number (2 or more)
 // on each (CommunicatorImpl::hosts(); agreed at rendezvous like hasArena). kHierarchical
-// needs it, as kShmDirect needs the arena; with it, an allreduce over small messages
-// keeps the size-based choice and larger ones take kHierarchical.
+// needs it, as kShmDirect needs the arena; with it, broadcast, reduce, allgather,
+// reduce_scatter and barrier take kHierarchical at every size, and allreduce above
+// kSmallMessageBytes (smaller ones keep the size-based choice).
 Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t bytes, int worldSize,
                           bool hasArena = false, bool hostsUniform = false);
 
