@@ -203,6 +203,27 @@ class Testbed:
         return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "--propagation",
                 "private", "--", "sh", "-c", setup, "sh", *argv]
 
+    def launch_agent(self) -> str:
+        """The path of a remote-shell stand-in for launchers that start their daemons on
+        each host with ``ssh HOST COMMAND...`` (Open MPI's ``--mca plm_rsh_agent``): it
+        runs COMMAND (a shell command line, as ssh would) in the host named HOST."""
+        path = os.path.join(self._dir, "launch_agent")
+        if not os.path.exists(path):
+            cases = "".join(f'  {self.hostname(h)}) ns={self.namespace(h)} ;;\n' for h in range(self.hosts))
+            hosts_file = os.path.join(self._dir, "hosts")
+            with open(path, "w") as f:
+                f.write("#!/bin/sh\n"
+                        "# ssh-like: launch_agent HOST COMMAND... runs COMMAND in the test bed's HOST\n"
+                        'host="$1"; shift\n'
+                        'case "$host" in\n' + cases +
+                        '  *) echo "launch_agent: no host $host in this test bed" >&2; exit 255 ;;\n'
+                        "esac\n"
+                        'exec ip netns exec "$ns" unshare --uts --mount --propagation private -- sh -c '
+                        f'\'mount --bind "{hosts_file}" /etc/hosts && hostname "$0" && exec sh -c "$*"\' '
+                        '"$host" "$@"\n')
+            os.chmod(path, 0o755)
+        return path
+
     def start(self, host: int, argv: Sequence[str], **popen: object) -> subprocess.Popen:
         """Starts argv in ``host``; it is killed if this process dies."""
         return subprocess.Popen(self.command(host, argv), preexec_fn=_die_with_parent, **popen)  # type: ignore[arg-type]
