@@ -295,13 +295,14 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   const size_t flightRecorderEntries = env::flightRecorderEntries();
   std::shared_ptr<arena::NodeArena> arena;
   std::vector<int> hostOf;
-  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions, &arena, &hostOf);
+  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions,
+                                           options.pointToPointOnly ? nullptr : &arena, &hostOf);
   // Status publishing serves the timeout text of communicators without a node arena (the
   // arena carries the same information). Its store connection is made now, while the
   // store is known to answer (a clone made later could wait out the store's timeout for
   // a server that is gone); its thread starts with the first collective.
   std::shared_ptr<Store> statusStore;
-  if (size > 1 && arena == nullptr) {
+  if (size > 1 && arena == nullptr && !options.pointToPointOnly) {
     try {
       statusStore = store->clone();
     } catch (const std::exception& e) {

@@ -18,7 +18,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store,
     throw InvalidArgument("ProcessGroup::create needs a store, got null");
   }
   auto collectives = Communicator::create(std::make_shared<PrefixStore>("comm", store), rank, size, options);
-  auto pointToPoint = Communicator::create(std::make_shared<PrefixStore>("p2p", store), rank, size, options);
+  CommunicatorOptions pointToPointOptions = options;
+  pointToPointOptions.pointToPointOnly = true;
+  auto pointToPoint =
+      Communicator::create(std::make_shared<PrefixStore>("p2p", store), rank, size, pointToPointOptions);
   return std::make_shared<ProcessGroup>(std::move(collectives), std::move(pointToPoint), std::move(store));
 }
 

@@ -35,6 +35,10 @@ struct CommunicatorOptions {
   std::string interface;
   // Deadline of the connection phase and default deadline of every operation.
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  // True for a communicator that will carry point-to-point messages only (a process
+  // group's second one, see <ringtree/process_group.h>): it maps no node arena and opens no
+  // store connection for status publishing, which only collectives use.
+  bool pointToPointOnly = false;
 };
 
 // How diagnostics name a communicator (flight-recorder dumps, see

@@ -102,7 +102,9 @@ std::unique_ptr<Pair> createPair(net::Socket socket, bool /*initiator*/, int sel
   PairSetup setup;
   setup.txRingBytes = ringBytes;
   try {
-    setup.tx = Segment::create(kSegmentName, kRingOffset + ringBytes);
+    // The ring's pages take memory once first written: a pair that carries little (most
+    // pairs of a job with many ranks per host) costs almost nothing.
+    setup.tx = Segment::create(kSegmentName, kRingOffset + ringBytes, Prefault::kNo);
   } catch (const NetworkError& e) {
     throw failure(e.what());
   }
@@ -148,7 +150,7 @@ std::unique_ptr<Pair> createPair(net::Socket socket, bool /*initiator*/, int sel
                   std::to_string(ancillary.extraDescriptors + (ancillary.descriptor.valid() ? 1 : 0)));
   }
   try {
-    setup.rx = Segment::map(std::move(ancillary.descriptor), kRingOffset + peer.ringBytes);
+    setup.rx = Segment::map(std::move(ancillary.descriptor), kRingOffset + peer.ringBytes, Prefault::kNo);
   } catch (const NetworkError& e) {
     throw failure(e.what());
   }

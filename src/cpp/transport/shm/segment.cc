@@ -21,9 +21,10 @@ constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   throw NetworkError(what + ": " + net::errnoText(error));
 }
 
-// Maps fd shared and read-write, faulting in every page (MAP_POPULATE).
-uint8_t* mapShared(int fd, size_t bytes, const std::string& what) {
-  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+// Maps fd shared and read-write, faulting in every page (MAP_POPULATE) with kYes.
+uint8_t* mapShared(int fd, size_t bytes, Prefault prefault, const std::string& what) {
+  const int flags = MAP_SHARED | (prefault == Prefault::kYes ? MAP_POPULATE : 0);
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd, 0);
   if (data == MAP_FAILED) throwErrno("cannot map " + what, errno);
   return static_cast<uint8_t*>(data);
 }
@@ -53,17 +54,17 @@ void Segment::unmap() {
   size_ = 0;
 }
 
-Segment Segment::create(const char* name, size_t bytes) {
+Segment Segment::create(const char* name, size_t bytes, Prefault prefault) {
   const std::string what = "shared memory segment of " + std::to_string(bytes) + " bytes";
   net::Socket fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) throwErrno("cannot create " + what + " (memfd_create)", errno);
   if (::ftruncate(fd.fd(), static_cast<off_t>(bytes)) != 0) throwErrno("cannot size " + what, errno);
   if (::fcntl(fd.fd(), F_ADD_SEALS, kSeals) != 0) throwErrno("cannot seal " + what, errno);
-  uint8_t* data = mapShared(fd.fd(), bytes, what);
+  uint8_t* data = mapShared(fd.fd(), bytes, prefault, what);
   return Segment(std::move(fd), data, bytes);
 }
 
-Segment Segment::map(net::Socket fd, size_t bytes) {
+Segment Segment::map(net::Socket fd, size_t bytes, Prefault prefault) {
   const std::string what = "the peer's shared memory segment";
   struct stat st {};
   if (::fstat(fd.fd(), &st) != 0) throwErrno("cannot inspect " + what, errno);
@@ -76,7 +77,7 @@ Segment Segment::map(net::Socket fd, size_t bytes) {
   if ((seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) {
     throw NetworkError(what + " is not sealed against shrinking");
   }
-  uint8_t* data = mapShared(fd.fd(), bytes, what);
+  uint8_t* data = mapShared(fd.fd(), bytes, prefault, what);
   return Segment(std::move(fd), data, bytes);
 }
 

@@ -37,6 +37,7 @@ TOOLS = {
     "failure-table": "failure_table",
     "p2p-pingpong": "p2p_pingpong",
     "rendezvous-faults": "rendezvous_faults",
+    "scale": "scale",
     "startup": "startup",
 }
 SYSTEMS = ("ringtree", "ringtree-mpi", "gloo", "mpi")
