@@ -30,19 +30,10 @@ constexpr size_t kRecursiveDoublingBytes = 16 << 10;
 // Ring: reduce-scatter then allgather, 2(n-1) steps of count/n elements. With
 // maxSegmentBytes the buffer is processed in slices of n segments, a full ring each.
 void ringAllreduce(Call& call, void* buffer, size_t count, const transport::Accumulate& acc, size_t maxSegmentBytes) {
-  const size_t es = call.elementSize;
-  size_t sliceCount = count;
-  if (maxSegmentBytes > 0) {
-    sliceCount = std::max<size_t>(1, maxSegmentBytes / es) * static_cast<size_t>(call.size());
-  }
-  size_t sliceStart = 0;
-  do {  // once even for count == 0: every rank still takes part in the exchange
-    const size_t thisCount = std::min(sliceCount, count - sliceStart);
-    void* slice = elementAt(buffer, sliceStart, es);
-    ringReduceScatter(call, allRanks(call), slice, thisCount, acc);
-    ringAllgather(call, allRanks(call), slice, thisCount);
-    sliceStart += sliceCount;
-  } while (sliceStart < count);
+  forEachRingSlice(call, buffer, count, maxSegmentBytes, [&](void* slice, size_t sliceCount) {
+    ringReduceScatter(call, allRanks(call), slice, sliceCount, acc);
+    ringAllgather(call, allRanks(call), slice, sliceCount);
+  });
 }
 
 // Tree: binomial reduce to rank 0 (children folded in one at a time, in a fixed order),

@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "algorithms/batch.h"
 #include "algorithms/blocks.h"
-#include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/trees.h"
@@ -25,13 +23,6 @@ struct Grid {
         local(static_cast<int>(layout.localRanks.size())),
         onHost{layout.localRanks.data(), local, layout.localIndex},
         across{layout.peersAcross.data(), hosts, layout.acrossIndex} {}
-
-  // The ranks with local index c on every host, in host order.
-  std::vector<int> column(int c) const {
-    std::vector<int> ranks(static_cast<size_t>(hosts));
-    for (int h = 0; h < hosts; ++h) ranks[static_cast<size_t>(h)] = layout.rankAt(h, c);
-    return ranks;
-  }
 
   const detail::HostLayout& layout;
   int hosts;
@@ -75,23 +66,14 @@ std::vector<size_t> blockOffsets(const size_t* counts, int n, size_t es) {
 void hierarchicalAllreduce(Call& call, void* buffer, size_t count, const transport::Accumulate& acc,
                            size_t maxSegmentBytes) {
   const Grid grid(call);
-  const size_t es = call.elementSize;
-  size_t sliceCount = count;
-  if (maxSegmentBytes > 0) {
-    sliceCount = std::max<size_t>(1, maxSegmentBytes / es) * static_cast<size_t>(call.size());
-  }
-  size_t sliceStart = 0;
-  do {  // once even for count == 0: every rank still takes part in the exchange
-    const size_t thisCount = std::min(sliceCount, count - sliceStart);
-    void* slice = elementAt(buffer, sliceStart, es);
-    ringReduceScatter(call, grid.onHost, slice, thisCount, acc);
-    const Range part = partition(thisCount, grid.local, ringOwnedPart(grid.onHost.index, grid.local));
-    void* owned = elementAt(slice, part.offset, es);
+  forEachRingSlice(call, buffer, count, maxSegmentBytes, [&](void* slice, size_t sliceCount) {
+    ringReduceScatter(call, grid.onHost, slice, sliceCount, acc);
+    const Range part = partition(sliceCount, grid.local, ringOwnedPart(grid.onHost.index, grid.local));
+    void* owned = elementAt(slice, part.offset, call.elementSize);
     ringReduceScatter(call, grid.across, owned, part.count, acc);
     ringAllgather(call, grid.across, owned, part.count);
-    ringAllgather(call, grid.onHost, slice, thisCount);
-    sliceStart += sliceCount;
-  } while (sliceStart < count);
+    ringAllgather(call, grid.onHost, slice, sliceCount);
+  });
 }
 
 void hierarchicalBroadcast(Call& call, void* buffer, size_t bytes, int root, size_t segmentBytes) {

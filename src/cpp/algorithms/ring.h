@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include "algorithms/blocks.h"
@@ -36,6 +37,23 @@ void ringReduceScatter(Call& call, const RingMembers& members, void* buffer, siz
 void ringAllgather(Call& call, const RingMembers& members, void* buffer, size_t count);
 
 inline int ringOwnedPart(int index, int size) { return (index + 1) % size; }
+
+// The ring allreduces' pipelining knob: runs body(slice, sliceCount) over `buffer` cut
+// into slices of maxSegmentBytes worth of elements per rank (whole when 0), at least once
+// (count 0: every rank still takes part in the exchange).
+template <typename Body>
+void forEachRingSlice(const Call& call, void* buffer, size_t count, size_t maxSegmentBytes, Body&& body) {
+  const size_t es = call.elementSize;
+  size_t sliceCount = count;
+  if (maxSegmentBytes > 0) {
+    sliceCount = std::max<size_t>(1, maxSegmentBytes / es) * static_cast<size_t>(call.size());
+  }
+  size_t sliceStart = 0;
+  do {
+    body(static_cast<char*>(buffer) + sliceStart * es, std::min(sliceCount, count - sliceStart));
+    sliceStart += sliceCount;
+  } while (sliceStart < count);
+}
 
 // A pipelined chain: `bytes` at `data` flow from members.at(0) to members.at(1), ... to
 // members.at(n - 1) in segments of segmentBytes (a multiple of the element size when
