@@ -11,6 +11,7 @@
 #include <numeric>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -42,15 +43,25 @@ struct Case {
   bool interleaved;
 };
 
-class HierarchicalGrid : public ::testing::TestWithParam<Case> {};
+class HierarchicalGrid : public ::testing::TestWithParam<Case> {
+ protected:
+  int ranks() const { return GetParam().hosts * GetParam().local; }
+  // Runs body on every rank of a job whose communicators take the parameter's layout.
+  void runOnLayout(const std::function<void(int rank, Communicator& comm)>& body,
+                   const CommunicatorOptions& options = test::testOptions()) const {
+    const Case c = GetParam();
+    const std::vector<int> hostOf = layout(c.hosts, c.local, c.interleaved);
+    test::runCommunicators(ranks(), [&](int rank, Communicator& comm) {
+      comm.impl().assumeHosts(hostOf);
+      ASSERT_TRUE(comm.impl().hosts().uniform);
+      body(rank, comm);
+    }, options);
+  }
+};
 
 TEST_P(HierarchicalGrid, ExactForEveryCountAndOp) {
-  const Case c = GetParam();
-  const int n = c.hosts * c.local;
-  const std::vector<int> hostOf = layout(c.hosts, c.local, c.interleaved);
-  test::runCommunicators(n, [&](int rank, Communicator& comm) {
-    comm.impl().assumeHosts(hostOf);
-    ASSERT_TRUE(comm.impl().hosts().uniform);
+  const int n = ranks();
+  runOnLayout([&](int rank, Communicator& comm) {
     for (const size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{1000}, size_t{(1 << 16) + 7}}) {
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProduct}) {
         std::vector<int64_t> data(count);
@@ -92,10 +103,8 @@ TEST_P(HierarchicalGrid, ExactForEveryCountAndOp) {
 int64_t valueOf(int rank, size_t i) { return static_cast<int64_t>((i % 11) + 2 * rank + 1); }
 
 TEST_P(HierarchicalGrid, BroadcastFromEveryRoot) {
-  const Case c = GetParam();
-  const int n = c.hosts * c.local;
-  test::runCommunicators(n, [&](int rank, Communicator& comm) {
-    comm.impl().assumeHosts(layout(c.hosts, c.local, c.interleaved));
+  const int n = ranks();
+  runOnLayout([&](int rank, Communicator& comm) {
     // Small (trees), large (parts down chains), and large in small segments.
     for (const auto& [count, segment] : {std::pair<size_t, size_t>{0, 0}, {5, 0}, {1001, 0}, {(1 << 14) + 3, 0},
                                          {(1 << 14) + 3, 4096}}) {
@@ -116,10 +125,8 @@ TEST_P(HierarchicalGrid, BroadcastFromEveryRoot) {
 }
 
 TEST_P(HierarchicalGrid, ReduceToEveryRoot) {
-  const Case c = GetParam();
-  const int n = c.hosts * c.local;
-  test::runCommunicators(n, [&](int rank, Communicator& comm) {
-    comm.impl().assumeHosts(layout(c.hosts, c.local, c.interleaved));
+  const int n = ranks();
+  runOnLayout([&](int rank, Communicator& comm) {
     for (const auto& [count, segment] : {std::pair<size_t, size_t>{0, 0}, {7, 0}, {(1 << 14) + 5, 0},
                                          {(1 << 14) + 5, 1000}}) {
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
@@ -154,10 +161,8 @@ std::vector<size_t> unevenCounts(int n, size_t base) {
 }
 
 TEST_P(HierarchicalGrid, AllgatherOfUnevenBlocks) {
-  const Case c = GetParam();
-  const int n = c.hosts * c.local;
-  test::runCommunicators(n, [&](int rank, Communicator& comm) {
-    comm.impl().assumeHosts(layout(c.hosts, c.local, c.interleaved));
+  const int n = ranks();
+  runOnLayout([&](int rank, Communicator& comm) {
     for (const size_t base : {size_t{0}, size_t{4}, size_t{20000}}) {
       for (const bool inPlace : {false, true}) {
         const std::vector<size_t> counts = unevenCounts(n, base);
@@ -169,7 +174,7 @@ TEST_P(HierarchicalGrid, AllgatherOfUnevenBlocks) {
         }
         std::vector<int64_t> input(counts[static_cast<size_t>(rank)]);
         for (size_t i = 0; i < input.size(); ++i) input[i] = valueOf(rank, i);
-        if (inPlace) outputs[static_cast<size_t>(rank)] = input;
+        if (inPlace) std::copy(input.begin(), input.end(), outputs[static_cast<size_t>(rank)].begin());
         AllgatherOptions o;
         o.algorithm = Algorithm::kHierarchical;
         allgather(comm, inPlace ? pointers[static_cast<size_t>(rank)] : input.data(), pointers.data(), counts.data(),
@@ -185,10 +190,8 @@ TEST_P(HierarchicalGrid, AllgatherOfUnevenBlocks) {
 }
 
 TEST_P(HierarchicalGrid, ReduceScatterOfUnevenBlocks) {
-  const Case c = GetParam();
-  const int n = c.hosts * c.local;
-  test::runCommunicators(n, [&](int rank, Communicator& comm) {
-    comm.impl().assumeHosts(layout(c.hosts, c.local, c.interleaved));
+  const int n = ranks();
+  runOnLayout([&](int rank, Communicator& comm) {
     for (const size_t base : {size_t{0}, size_t{5}, size_t{20000}}) {
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kAvg}) {
         const std::vector<size_t> counts = unevenCounts(n, base);
@@ -221,11 +224,9 @@ TEST_P(HierarchicalGrid, ReduceScatterOfUnevenBlocks) {
 }
 
 TEST_P(HierarchicalGrid, BarrierWaitsForEveryRank) {
-  const Case c = GetParam();
-  const int n = c.hosts * c.local;
+  const int n = ranks();
   std::atomic<int> arrived{0};
-  test::runCommunicators(n, [&](int rank, Communicator& comm) {
-    comm.impl().assumeHosts(layout(c.hosts, c.local, c.interleaved));
+  runOnLayout([&](int rank, Communicator& comm) {
     for (int round = 1; round <= 3; ++round) {
       // The last rank is late: nobody may leave before it arrived.
       if (rank == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));

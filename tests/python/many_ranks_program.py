@@ -15,15 +15,11 @@ import time
 import numpy as np
 
 import ringtree as dist
+from ringtree.bench.scale import shmem_kb
 
 
 def _data(rank: int, count: int, dtype=np.float32) -> np.ndarray:
     return ((np.arange(count) % 31) + rank).astype(dtype)
-
-
-def _shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Shmem:"))
 
 
 def check_everything(rank: int, n: int) -> list[str]:
@@ -86,7 +82,7 @@ def main() -> int:
     dist.init_process_group()
     rank, n = dist.get_rank(), dist.get_world_size()
     dist.barrier()
-    report = {"shmem_kb_after_init": _shmem_kb(), "pid": os.getpid()}
+    report = {"shmem_kb_after_init": shmem_kb(), "pid": os.getpid()}
     started = time.monotonic()
     report["wrong"] = check_everything(rank, n)
     report["seconds"] = time.monotonic() - started

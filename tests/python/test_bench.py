@@ -559,6 +559,20 @@ def test_older_scripts_run_the_subcommands(tool):
     assert f"usage: ringtree-bench {tool}" in proc.stdout
 
 
+def test_scale_table():
+    """Two ranks, every system installed here: one row each, nothing left after exit."""
+    proc = _bench("scale", "--ranks", "2", "--iterations", "2", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| 2 |")]
+    systems = [row[1] for row in rows]
+    assert systems[:2] == ["ringtree shm", "ringtree tcp"], proc.stdout
+    assert len(rows) == (3 if "Open MPI left out" not in proc.stdout else 2), proc.stdout
+    for row in rows:
+        assert float(row[2]) > 0 and int(row[6]) > 0, row  # init time, descriptors
+    shm = rows[0]
+    assert float(shm[5]) > 0, shm  # rank 0 maps the node arena and its rings
+
+
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the gloo column)")
 def test_rendezvous_faults_table():
     """One fault end to end: both libraries measured, one table row."""

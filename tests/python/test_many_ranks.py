@@ -13,17 +13,14 @@ from pathlib import Path
 
 from harness import launcher_free_env
 
+from ringtree.bench.scale import shmem_kb
+
 PROGRAM = Path(__file__).resolve().parent / "many_ranks_program.py"
 RANKS = 32
 
 
-def _shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Shmem:"))
-
-
 def test_32_ranks_on_one_host(tmp_path):
-    before = _shmem_kb()
+    before = shmem_kb()
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ringtree.run", "--nproc-per-node", str(RANKS), str(PROGRAM),
                            str(tmp_path)], env=launcher_free_env(), capture_output=True, text=True, timeout=300)
@@ -39,7 +36,7 @@ def test_32_ranks_on_one_host(tmp_path):
     assert in_use_mb < RANKS * 4 + 64, in_use_mb
     # Nothing left: every segment went with its last mapping, every rank exited.
     time.sleep(0.2)
-    assert _shmem_kb() - before < 16 * 1024, (before, _shmem_kb())
+    assert shmem_kb() - before < 16 * 1024, (before, shmem_kb())
     pids = [r["pid"] for r in reports]
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], pids
     print(f"32 ranks: {elapsed:.1f} s launch to exit, {in_use_mb:.0f} MB shared memory after init")

@@ -30,20 +30,15 @@ from pathlib import Path
 
 from .launch import availability, mpirun_command
 
-# The body every worker runs once its system is up; `system` gives init_done(),
-# allreduce(array), longest(times) and finish().
-_MEASURE = """
-import json as _json, os as _os, statistics as _statistics, time as _time
-import numpy as _np
-
-def _shmem_kb():
+def shmem_kb() -> int:
+    """The machine's shared memory in use (``Shmem`` in /proc/meminfo), in kB."""
     with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1])
-    return 0
+        return next(int(line.split()[1]) for line in f if line.startswith("Shmem:"))
 
-def _mapped_bytes():
+
+def mapped_shm_bytes() -> int:
+    """This process's shared-memory mappings (memfd segments, /dev/shm files), in bytes,
+    resident or not."""
     total = 0
     with open("/proc/self/maps") as f:
         for line in f:
@@ -52,10 +47,18 @@ def _mapped_bytes():
                 total += end - start
     return total
 
+
+# The body every worker runs once its system is up; the worker defines _t0, _t1, _rank,
+# _iterations, _allreduce(array) and _longest(times).
+_MEASURE = """
+import json as _json, os as _os, statistics as _statistics, time as _time
+import numpy as _np
+from ringtree.bench.scale import mapped_shm_bytes as _mapped_shm_bytes, shmem_kb as _shmem_kb
+
 _report = {"t0": _t0, "t1": _t1, "rank": _rank}
 if _rank == 0:
     _report["shm_kb"] = _shmem_kb() - int(_os.environ["BENCH_SHMEM_KB"])
-    _report["mapped"] = _mapped_bytes()
+    _report["mapped"] = _mapped_shm_bytes()
     _report["fds"] = len(_os.listdir("/proc/self/fd"))
 for _count, _name in ((2, "small"), (1 << 18, "large")):
     _a = _np.ones(_count, _np.float32)
@@ -110,14 +113,6 @@ MPI.COMM_WORLD.Barrier()
 """
 
 
-def _shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1])
-    return 0
-
-
 def _launch(system: str, ranks: int, script: Path) -> list[str]:
     if system == "Open MPI":
         return mpirun_command(ranks, [sys.executable, str(script)], ["--bind-to", "none"])
@@ -133,7 +128,7 @@ def _run(system: str, ranks: int, iterations: int, timeout: float) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
         if system == "ringtree tcp":
             env["RINGTREE_TRANSPORT"] = "tcp"
-        before = _shmem_kb()
+        before = shmem_kb()
         env.update(BENCH_OUT=str(out), BENCH_SHMEM_KB=str(before))
         proc = subprocess.run(_launch(system, ranks, script), env=env, capture_output=True, text=True,
                               timeout=timeout)
@@ -141,7 +136,7 @@ def _run(system: str, ranks: int, iterations: int, timeout: float) -> dict:
             raise RuntimeError(f"{system} at {ranks} ranks failed:\n{proc.stderr[-3000:]}")
         # Segments go when their last mapping does: give the kernel a moment after exit.
         time.sleep(0.2)
-        left = _shmem_kb() - before
+        left = shmem_kb() - before
         reports = [json.loads((out / f"r_{r}.json").read_text()) for r in range(ranks)]
     first = reports[0]
     return {
