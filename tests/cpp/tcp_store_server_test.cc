@@ -28,6 +28,7 @@ namespace ringtree {
 namespace {
 
 namespace proto = tcp_store_protocol;
+using test::eventually;
 using test::ScopedEnv;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
@@ -41,16 +42,6 @@ const char* const kLocalHost = "127.0.0.1";
 
 int64_t msSince(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-}
-
-// Polls pred for up to 3 s.
-bool eventually(const std::function<bool()>& pred) {
-  const auto deadline = Clock::now() + std::chrono::seconds(3);
-  while (Clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return pred();
 }
 
 std::unique_ptr<TcpStore> startServer(TcpStoreOptions options = {}, milliseconds timeout = kShortTimeout) {

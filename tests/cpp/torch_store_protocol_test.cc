@@ -21,12 +21,14 @@
 #include <ringtree/store/tcp_store.h>
 
 #include "common/socket.h"
+#include "harness/test_util.h"
 #include "store/torch_store_protocol.h"
 
 namespace ringtree {
 namespace {
 
 namespace torch = torch_store_protocol;
+using test::eventually;
 using std::chrono::milliseconds;
 using torch::Query;
 
@@ -294,11 +296,17 @@ TEST(TorchStoreProtocol, AClientThatDoesNotReadItsRepliesCannotPileThemUp) {
     TorchClient t(server->port());
     t.limitReceiveBuffer();
     ASSERT_TRUE(t.send(Command(Query::kSet).key("big").str(value)));
-    // Two GETs without reading: the first reply does not fit the socket buffers (64 KiB
-    // here, at most tcp_wmem's maximum on the server's side), so the second arrives while
-    // it is still being sent.
+    ASSERT_TRUE(eventually([&] { return server->numServerClients() == 2; }, std::chrono::seconds(20)))
+        << "VALIDATE was not admitted";
+    // Two GETs, and nothing read until the server has dropped the connection: the first
+    // reply does not fit the socket buffers (64 KiB here, at most tcp_wmem's maximum on the
+    // server's side), so the second request arrives while it is still being sent. (Reading
+    // at once would race the server: a fast reader can drain the first reply before the
+    // second request is parsed.)
     ASSERT_TRUE(t.send(Command(Query::kGet).key("big")));
     ASSERT_TRUE(t.send(Command(Query::kGet).key("big")));
+    EXPECT_TRUE(eventually([&] { return server->numServerClients() == 1; }, std::chrono::seconds(20)))
+        << "the server kept the connection";
     size_t received = 0;
     EXPECT_TRUE(t.readUntilClosed(&received));
     EXPECT_LT(received, 2 * value.size()) << "the second reply was never built";

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -49,6 +50,16 @@ inline void waitForFlag(const std::atomic<bool>& flag,
     if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the other rank never got there");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// Polls pred every 5 ms until it holds (true) or timeout passes (pred's last answer).
+inline bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(3)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
 }
 
 // Counts threads that reached a point; lets the others wait for them, bounded (10 s),
