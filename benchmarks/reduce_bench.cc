@@ -2,7 +2,9 @@
 // second (1 GB = 1e9 B; the memory traffic is 3x that: two reads and a write), next to
 // memcpy and copyBytes() of the same number of bytes. Columns: the scalar reference (the
 // portable kernel compiled here without vectorisation), each instruction-set variant of the
-// library, and the speed-up of the dispatched variant over the scalar one.
+// library, and the speed-up of the dispatched variant over the scalar one. A second table:
+// memcpy and copyBytes() with the destination 0, 16 and 64 bytes past a page-aligned
+// source (the short distances copyBytes() takes apart from memcpy).
 //
 // Buffers are 4 KiB-aligned and pre-faulted. Every sample times enough calls to move at
 // least 16 MiB; contenders are interleaved sample by sample (so drifts of the machine hit
@@ -25,6 +27,7 @@
 
 #include "algorithms/reduce_kernels.h"
 #include "algorithms/reduce_ops.h"
+#include "common/copy.h"
 
 namespace ringtree::algorithms {
 namespace {
@@ -177,6 +180,29 @@ int run(int samples) {
   return 0;
 }
 
+// GB/s of memcpy and copyBytes() with dst `distance` bytes past a page-aligned src.
+int runCopies(int samples) {
+  constexpr size_t kDistances[] = {0, 16, 64};
+  constexpr size_t kCopySizes[] = {size_t{4} << 10, size_t{256} << 10, size_t{4} << 20, size_t{64} << 20};
+  const size_t largest = kCopySizes[sizeof(kCopySizes) / sizeof(kCopySizes[0]) - 1];
+  Buffer src(largest);
+  Buffer dst(largest + 4096);
+  std::memset(src.data(), 1, largest);
+  std::memset(dst.data(), 2, largest + 4096);
+  std::printf("\ncopies, GB/s, dst = page-aligned src + distance, best of %d samples\n", samples);
+  std::printf("%-8s %8s %8s %9s\n", "size", "distance", "memcpy", "copyBytes");
+  for (size_t bytes : kCopySizes) {
+    for (size_t distance : kDistances) {
+      unsigned char* to = dst.data() + distance;
+      const std::vector<std::function<void()>> contenders = {
+          [&] { std::memcpy(to, src.data(), bytes); }, [&] { copyBytes(to, src.data(), bytes); }};
+      const std::vector<double> rate = measure(contenders, bytes, samples);
+      std::printf("%-8s %8zu %8.1f %9.1f\n", sizeName(bytes).c_str(), distance, rate[0], rate[1]);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace ringtree::algorithms
 
@@ -190,5 +216,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return ringtree::algorithms::run(samples);
+  const int status = ringtree::algorithms::run(samples);
+  return status != 0 ? status : ringtree::algorithms::runCopies(samples);
 }

@@ -828,27 +828,5 @@ TEST(DivideTest, BoolAndBadDivisorsAreRejected) {
   scale(nullptr, 0, DataType::kFloat64, 3);
 }
 
-// --- copyBytes -------------------------------------------------------------------------------
-
-TEST(CopyBytesTest, CopiesEveryByteAndNothingElse) {
-  using Offsets = std::pair<size_t, size_t>;
-  const std::vector<Offsets> allOffsets = {{0, 0}, {1, 0}, {0, 3}, {17, 5}};
-  const std::vector<Offsets> someOffsets = {{0, 0}, {17, 5}};
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{4097}, kStreamingCopyBytes + 4097}) {
-    std::vector<uint8_t> source(bytes);
-    for (size_t i = 0; i < bytes; ++i) {
-      source[i] = static_cast<uint8_t>(i * 131 + (i >> 8));
-    }
-    for (auto [offsetDst, offsetSrc] : bytes < kStreamingCopyBytes ? allOffsets : someOffsets) {
-      GuardedBuffer dst(std::vector<uint8_t>(bytes, 0), offsetDst);
-      GuardedBuffer src(source, offsetSrc);
-      copyBytes(dst.data(), src.data(), bytes);
-      EXPECT_TRUE(dst.contents() == source) << bytes << " bytes, offsets " << offsetDst << "/" << offsetSrc;
-      EXPECT_TRUE(dst.guardsIntact()) << bytes << " bytes";
-      EXPECT_TRUE(src.contents() == source) << bytes << " bytes";
-    }
-  }
-}
-
 }  // namespace
 }  // namespace ringtree::algorithms

@@ -360,6 +360,66 @@ INSTANTIATE_TEST_SUITE_P(Shm, ShmTransferTest,
                                   configs[std::get<1>(info.param)].name;
                          });
 
+// Direct copies where the destination lies at every kind of distance from the source
+// modulo a page (0, the short distances the bounce buffer takes, and long ones), over one
+// chunk and several; then the same with Accumulate (int32, element-aligned distances).
+// Each side sends from page offset 40 and receives at 40 + distance.
+TEST(ShmPairTest, DirectCopyAtEveryPageDistance) {
+  constexpr size_t kPage = ShmPair::kPageBytes;
+  constexpr size_t kSourceOffset = 40;
+  const std::vector<size_t> distances = {0, 1, 8, 31, 63, 64, 100, kPage - 8};
+  const std::vector<size_t> sizes = {PairOptions{}.directCopyThreshold, 3 * ShmPair::kBounceBytes + 5};
+  // A buffer of `bytes` starting at `pageOffset` within a page of `storage`.
+  const auto placed = [](std::vector<uint8_t>& storage, size_t bytes, size_t pageOffset) {
+    storage.assign(bytes + 2 * kPage, 0xEE);
+    const uintptr_t start = reinterpret_cast<uintptr_t>(storage.data());
+    return storage.data() + ((kPage - start % kPage) % kPage) + pageOffset;
+  };
+  for (Harness harness : {Harness::kThreads, Harness::kProcesses}) {
+    runBothSides(harness, PairOptions{}, [&](Pair& pair, int side) {
+      bool ok = true;
+      uint64_t sequence = 0;
+      for (size_t distance : distances) {
+        for (size_t bytes : sizes) {
+          std::vector<uint8_t> outStorage;
+          std::vector<uint8_t> inStorage;
+          uint8_t* out = placed(outStorage, bytes, kSourceOffset);
+          uint8_t* in = placed(inStorage, bytes, (kSourceOffset + distance) % kPage);
+          const std::vector<uint8_t> mine = pattern(bytes, side, distance);
+          std::memcpy(out, mine.data(), bytes);
+          pair.postSend(envelope(sequence), out, bytes);
+          pair.postRecv(envelope(sequence), in, bytes);
+          ++sequence;
+          waitIdle(pair);
+          ok = sameBytes(std::vector<uint8_t>(in, in + bytes), pattern(bytes, 1 - side, distance), "copy", distance) &&
+               ok;
+        }
+        if (distance % sizeof(int32_t) != 0) continue;
+        const size_t count = 3 * ShmPair::kBounceBytes / sizeof(int32_t) + 7;
+        std::vector<uint8_t> outStorage;
+        std::vector<uint8_t> inStorage;
+        auto* out = reinterpret_cast<int32_t*>(placed(outStorage, count * 4, kSourceOffset));
+        auto* in = reinterpret_cast<int32_t*>(placed(inStorage, count * 4, (kSourceOffset + distance) % kPage));
+        for (size_t i = 0; i < count; ++i) {
+          out[i] = valueOf<int32_t>(i, side);
+          in[i] = valueOf<int32_t>(i, 100);
+        }
+        pair.postSend(envelope(sequence), out, count * 4);
+        pair.postRecv(envelope(sequence), in, count * 4, Accumulate{sumElements<int32_t>, sizeof(int32_t)});
+        ++sequence;
+        waitIdle(pair);
+        for (size_t i = 0; i < count && ok; ++i) {
+          if (in[i] != valueOf<int32_t>(i, 100) + valueOf<int32_t>(i, 1 - side)) {
+            std::fprintf(stderr, "accumulate at distance %zu: wrong value at %zu\n", distance, i);
+            ok = false;
+          }
+        }
+      }
+      return ok;
+    });
+  }
+}
+
 TEST(ShmPairTest, MixedOptionsOnTheTwoSides) {
   // Each side decides for its own sends: rank 0 copies directly, rank 1 only uses its ring.
   TwoPairs pairs = connectThreads(PairOptions{}, ringOnly(64 << 10));

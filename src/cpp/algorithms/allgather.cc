@@ -15,10 +15,10 @@
 #include "algorithms/blocks.h"
 #include "algorithms/call.h"
 #include "algorithms/hierarchical.h"
-#include "algorithms/reduce_ops.h"
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
+#include "common/copy.h"
 #include "common/validation.h"
 
 namespace ringtree {
@@ -62,7 +62,7 @@ void bruckAllgather(Call& call, const void* input, void* const* outputs, const s
   std::vector<size_t> offset(static_cast<size_t>(n) + 1, 0);  // of the i-th block held, in bytes
   for (int i = 0; i < n; ++i) offset[i + 1] = offset[i] + counts[(rank + i) % n] * es;
   auto* held = static_cast<uint8_t*>(call.comm.scratch(offset[n]));
-  if (offset[1] > 0) std::memcpy(held, input, offset[1]);
+  if (offset[1] > 0) copyBytes(held, input, offset[1]);
   for (int distance = 1; distance < n; distance <<= 1) {
     const int blocks = std::min(distance, n - distance);
     sendRecv(call, (rank - distance + n) % n, held, offset[blocks], (rank + distance) % n, held + offset[distance],

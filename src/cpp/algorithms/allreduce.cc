@@ -15,6 +15,7 @@
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
 #include "algorithms/trees.h"
+#include "common/copy.h"
 #include "common/validation.h"
 
 namespace ringtree {
@@ -77,7 +78,7 @@ void halvingDoublingAllreduce(Call& call, void* buffer, size_t count, const tran
     // what is sent stable while the received data is folded into the buffer.
     void* copy = call.comm.scratch(bytes);
     for (int mask = 1; mask < p; mask <<= 1) {
-      if (bytes > 0) std::memcpy(copy, buffer, bytes);  // both are null for an empty buffer
+      if (bytes > 0) copyBytes(copy, buffer, bytes);  // both are null for an empty buffer
       const int partner = rank ^ mask;
       sendRecv(call, partner, copy, bytes, partner, buffer, bytes, acc);
     }

@@ -12,9 +12,9 @@
 
 #include "algorithms/batch.h"
 #include "algorithms/call.h"
-#include "algorithms/reduce_ops.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
+#include "common/copy.h"
 #include "common/validation.h"
 
 namespace ringtree {

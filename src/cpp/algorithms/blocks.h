@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/copy.h"
 #include "common/reduce_fn.h"
 
 // Cutting buffers into blocks: balanced parts of one buffer (partition), and, for
@@ -58,9 +59,9 @@ void foldInRankOrder(void* out, int n, Source&& source, size_t count, size_t ele
   for (size_t done = 0; done < count; done += pieceCount) {
     const size_t length = std::min(pieceCount, count - done);
     const size_t offset = done * elementSize;
-    std::memcpy(piece, static_cast<const uint8_t*>(source(0)) + offset, length * elementSize);
+    copyBytes(piece, static_cast<const uint8_t*>(source(0)) + offset, length * elementSize);
     for (int q = 1; q < n; ++q) fn(piece, static_cast<const uint8_t*>(source(q)) + offset, length);
-    std::memcpy(destination + offset, piece, length * elementSize);
+    copyBytes(destination + offset, piece, length * elementSize);
   }
 }
 

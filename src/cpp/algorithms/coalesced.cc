@@ -10,6 +10,7 @@
 
 #include <ringtree/collectives.h>
 
+#include "common/copy.h"
 #include "common/validation.h"
 
 namespace ringtree {
@@ -19,11 +20,6 @@ namespace {
 // Buffers (per-rank parts, for reduce-scatter) smaller than this are packed; larger ones
 // run in place one by one, where packing would only add two copies.
 constexpr size_t kPackBelowBytes = 256 * 1024;
-
-// memcpy that accepts the null pointers of empty buffers.
-void copyBytes(void* destination, const void* source, size_t bytes) {
-  if (bytes > 0) std::memcpy(destination, source, bytes);
-}
 
 std::byte* byteAt(const void* base, size_t offset) {
   return static_cast<std::byte*>(const_cast<void*>(base)) + offset;
@@ -47,14 +43,14 @@ void allreduceCoalesced(Communicator& comm, void* const* buffers, const size_t* 
     std::byte* cursor = scratch.get();
     for (size_t i = 0; i < n; ++i) {
       if (!packed(i)) continue;
-      std::memcpy(cursor, buffers[i], counts[i] * elementBytes);
+      copyBytes(cursor, buffers[i], counts[i] * elementBytes);
       cursor += counts[i] * elementBytes;
     }
     allreduce(comm, scratch.get(), packedCount, type, options);
     cursor = scratch.get();
     for (size_t i = 0; i < n; ++i) {
       if (!packed(i)) continue;
-      std::memcpy(buffers[i], cursor, counts[i] * elementBytes);
+      copyBytes(buffers[i], cursor, counts[i] * elementBytes);
       cursor += counts[i] * elementBytes;
     }
   }
@@ -130,7 +126,7 @@ void reduceScatterCoalesced(Communicator& comm, const void* const* inputs, void*
       for (size_t i = 0; i < n; ++i) {
         if (!packed(i)) continue;
         const size_t bytes = counts[i] * elementBytes;
-        std::memcpy(cursor, byteAt(inputs[i], r * bytes), bytes);
+        copyBytes(cursor, byteAt(inputs[i], r * bytes), bytes);
         cursor += bytes;
       }
     }
@@ -140,7 +136,7 @@ void reduceScatterCoalesced(Communicator& comm, const void* const* inputs, void*
     const std::byte* cursor = static_cast<const std::byte*>(own);
     for (size_t i = 0; i < n; ++i) {
       if (!packed(i)) continue;
-      std::memcpy(outputs[i], cursor, counts[i] * elementBytes);
+      copyBytes(outputs[i], cursor, counts[i] * elementBytes);
       cursor += counts[i] * elementBytes;
     }
   }

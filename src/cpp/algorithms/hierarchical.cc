@@ -9,6 +9,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/trees.h"
+#include "common/copy.h"
 #include "communicator_impl.h"
 
 namespace ringtree::algorithms {
@@ -196,7 +197,7 @@ void hierarchicalReduceScatter(Call& call, const void* const* sources, void* out
   const std::vector<size_t> offsets = blockOffsets(counts, n, es);
   auto* base = static_cast<char*>(working);
   for (int r = 0; r < n; ++r) {
-    if (counts[r] > 0) std::memcpy(base + offsets[static_cast<size_t>(r)], sources[r], counts[r] * es);
+    if (counts[r] > 0) copyBytes(base + offsets[static_cast<size_t>(r)], sources[r], counts[r] * es);
   }
   auto block = [&](int r) { return base + offsets[static_cast<size_t>(r)]; };
   // 1. Within the host, columns: in step s local rank i sends its partial of column
@@ -229,7 +230,7 @@ void hierarchicalReduceScatter(Call& call, const void* const* sources, void* out
              counts[in] * es, acc);
   }
   const int me = call.rank();
-  if (counts[me] > 0) std::memcpy(output, block(me), counts[me] * es);
+  if (counts[me] > 0) copyBytes(output, block(me), counts[me] * es);
 }
 
 void hierarchicalBarrier(Call& call) {

@@ -14,6 +14,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/trees.h"
+#include "common/copy.h"
 #include "common/validation.h"
 
 namespace ringtree {
@@ -30,7 +31,7 @@ void* workingBuffer(Call& call, void* buffer, size_t count, DataType type, const
   if (call.rank() != options.root && (needsCopy || options.op == ReduceOp::kPremulSum)) {
     working = call.comm.scratch(count * call.elementSize);
     // Both are null for an empty buffer, which memcpy may not be given even for 0 bytes.
-    if (count > 0) std::memcpy(working, buffer, count * call.elementSize);
+    if (count > 0) copyBytes(working, buffer, count * call.elementSize);
   }
   if (options.op == ReduceOp::kPremulSum) {
     scale(working, count, type, options.premulFactor);

@@ -7,10 +7,6 @@
 #include <string>
 #include <type_traits>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include <ringtree/error.h>
 
 #include "algorithms/reduce_kernels.h"
@@ -267,35 +263,6 @@ void divide(void* data, size_t count, DataType type, int64_t divisor) {
       break;
   }
   validation::checkReduceOp(kTable, type, ReduceOp::kAvg);
-}
-
-void copyBytes(void* dst, const void* src, size_t bytes) {
-#if defined(__SSE2__)
-  if (bytes >= kStreamingCopyBytes) {
-    auto* to = static_cast<unsigned char*>(dst);
-    const auto* from = static_cast<const unsigned char*>(src);
-    // Whole 64-byte lines of dst, so that the write-combining buffers flush full lines.
-    const size_t head = (64 - reinterpret_cast<uintptr_t>(to) % 64) % 64;
-    std::memcpy(to, from, head);
-    to += head;
-    from += head;
-    bytes -= head;
-    for (; bytes >= 64; bytes -= 64, to += 64, from += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + 32));
-      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + 48), d);
-    }
-    std::memcpy(to, from, bytes);
-    _mm_sfence();
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
 }
 
 }  // namespace ringtree::algorithms

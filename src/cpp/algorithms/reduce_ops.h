@@ -49,18 +49,6 @@ void scale(void* data, size_t count, DataType type, double factor);
 // InvalidArgument when divisor <= 0, and for bool ("ReduceOp.AVG is not supported for bool").
 void divide(void* data, size_t count, DataType type, int64_t divisor);
 
-// Copies below this size are plain memcpy; from it on, copyBytes() streams.
-constexpr size_t kStreamingCopyBytes = size_t{16} << 20;
-
-// memcpy(dst, src, bytes) (no overlap, any alignment), except that copies of at least
-// kStreamingCopyBytes use non-temporal stores on x86-64: they write dst around the caches,
-// so dst is not in cache afterwards. Measured on the project machine (Zen 4, 32 MiB L3,
-// KVM guest), they copy 16-256 MiB about 1.5x faster than glibc's memcpy, whose own
-// non-temporal threshold there comes out at 240 MiB (CPUID reports a 320 MiB L3). A
-// streaming copy ends with a store fence, so that, as after memcpy on x86, the data is
-// visible to other cores before any later store (such as the flag announcing it).
-void copyBytes(void* dst, const void* src, size_t bytes);
-
 // Instruction-set variants of the kernels, exposed for tests and benchmarks.
 //  - kBaseline: portable C++ (on x86-64: SSE2, auto-vectorised by the compiler).
 //  - kAvx2: AVX2 + F16C (x86-64 only).

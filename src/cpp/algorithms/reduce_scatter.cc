@@ -23,6 +23,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/selection.h"
 #include "algorithms/shm_direct.h"
+#include "common/copy.h"
 #include "common/validation.h"
 
 namespace ringtree {
@@ -59,7 +60,7 @@ void ringReduceScatterBlocks(Call& call, const std::vector<const void*>& inputs,
       const Range in = sliceOf(counts[received], start, sliceCount);
       void* into = received == rank ? elementAt(output, in.offset, es) : workspace + (step % 2) * stride;
       const void* own = elementAt(inputs[received], in.offset, es);
-      if (into != own && in.count > 0) std::memcpy(into, own, in.count * es);
+      if (into != own && in.count > 0) copyBytes(into, own, in.count * es);
       sendRecv(call, (rank + 1) % n, sending, out.count * es, (rank + n - 1) % n, into, in.count * es, acc);
       sending = into;
     }
@@ -145,7 +146,7 @@ void reduceScatter(Communicator& communicator, const void* const* inputs, void* 
             if (options.op == ReduceOp::kPremulSum) {
               char* scaled = scratch;
               for (int q = 0; q < n; ++q) {
-                if (counts[q] > 0) std::memcpy(scaled, inputs[q], counts[q] * es);
+                if (counts[q] > 0) copyBytes(scaled, inputs[q], counts[q] * es);
                 scale(scaled, counts[q], type, options.premulFactor);
                 sources[static_cast<size_t>(q)] = scaled;
                 scaled += counts[q] * es;

@@ -5,6 +5,7 @@
 #include <ringtree/error.h>
 #include <ringtree/p2p.h>
 
+#include "common/copy.h"
 #include "common/logging.h"
 #include "p2p/engine.h"
 #include "p2p/wire.h"
@@ -38,7 +39,7 @@ void PointToPointEngine::complete(const Owner& owner, std::exception_ptr error, 
 
 void PointToPointEngine::finishAll(Completions* done) {
   for (Completion& completion : *done) {
-    if (completion.copyBytes > 0) std::memcpy(completion.copyTo, completion.copyFrom.get(), completion.copyBytes);
+    if (completion.copyBytes > 0) ringtree::copyBytes(completion.copyTo, completion.copyFrom.get(), completion.copyBytes);
     completion.copyFrom.reset();
     if (completion.owner.call != nullptr) {
       // Its caller may return as soon as this has run.

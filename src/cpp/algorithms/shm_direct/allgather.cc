@@ -6,6 +6,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/shm_direct/arena_call.h"
+#include "common/copy.h"
 
 namespace ringtree::algorithms {
 
@@ -32,13 +33,13 @@ void shmDirectAllgather(Call& call, const void* input, void* const* outputs, con
     const size_t offset = arena.reserve(std::min(capacity, largest - start));
     const size_t ownBytes = sliceOf(counts[r] * es, start, capacity).count;
     ac.prepareWrite(offset, ownBytes, step);
-    if (ownBytes > 0) std::memcpy(arena.data(r, offset), mine + start, ownBytes);
+    if (ownBytes > 0) copyBytes(arena.data(r, offset), mine + start, ownBytes);
     arena.publish();
     for (int i = 1; i < n; ++i) {
       const int q = (r + i) % n;  // ranks start on different slots
       const size_t bytes = sliceOf(counts[q] * es, start, capacity).count;
       ac.waitFor(q, step);
-      if (bytes > 0) std::memcpy(static_cast<uint8_t*>(outputs[q]) + start, arena.data(q, offset), bytes);
+      if (bytes > 0) copyBytes(static_cast<uint8_t*>(outputs[q]) + start, arena.data(q, offset), bytes);
     }
     arena.noteAllPublished(step);
     start += capacity;

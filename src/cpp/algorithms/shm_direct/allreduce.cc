@@ -6,6 +6,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/shm_direct/arena_call.h"
+#include "common/copy.h"
 
 namespace ringtree::algorithms {
 
@@ -33,11 +34,11 @@ void oneShotAllreduce(ArenaCall& ac, void* buffer, size_t count, size_t elementS
   const uint32_t step = ac.nextStep();
   const size_t offset = arena.reserve(bytes);
   ac.prepareWrite(offset, bytes, step);
-  if (bytes > 0) std::memcpy(arena.data(ac.rank(), offset), buffer, bytes);
+  if (bytes > 0) copyBytes(arena.data(ac.rank(), offset), buffer, bytes);
   arena.publish();
   ac.waitAll(step);
   if (bytes == 0) return;
-  if (ac.rank() != 0) std::memcpy(buffer, arena.data(0, offset), bytes);
+  if (ac.rank() != 0) copyBytes(buffer, arena.data(0, offset), bytes);
   for (int q = 1; q < ac.size(); ++q) fn(buffer, arena.data(q, offset), count);
 }
 
@@ -68,7 +69,7 @@ void twoShotAllreduce(ArenaCall& ac, void* buffer, size_t count, size_t es, Redu
     for (int q = 0; q < n; ++q) {
       const Range part = partition(m, n, q);
       if (q != r && part.count > 0) {
-        std::memcpy(arena.data(r, blockA + static_cast<size_t>(q) * regionBytes), chunk + part.offset * es,
+        copyBytes(arena.data(r, blockA + static_cast<size_t>(q) * regionBytes), chunk + part.offset * es,
                     part.count * es);
       }
     }
@@ -96,14 +97,14 @@ void twoShotAllreduce(ArenaCall& ac, void* buffer, size_t count, size_t es, Redu
         for (int q = 0; q < n; ++q) {
           if (q != r) fn(own + offset, source(q) + offset, length / es);
         }
-        std::memcpy(result + offset, own + offset, length);
+        copyBytes(result + offset, own + offset, length);
       }
     } else {
       for (size_t offset = 0; offset < partBytes; offset += kFoldBlockBytes) {
         const size_t length = std::min(kFoldBlockBytes, partBytes - offset);
-        std::memcpy(result + offset, source(0) + offset, length);
+        copyBytes(result + offset, source(0) + offset, length);
         for (int q = 1; q < n; ++q) fn(result + offset, source(q) + offset, length / es);
-        std::memcpy(own + offset, result + offset, length);
+        copyBytes(own + offset, result + offset, length);
       }
     }
     arena.publish();
@@ -112,7 +113,7 @@ void twoShotAllreduce(ArenaCall& ac, void* buffer, size_t count, size_t es, Redu
     // C: the other owners' results.
     for (int q = 0; q < n; ++q) {
       const Range part = partition(m, n, q);
-      if (q != r && part.count > 0) std::memcpy(chunk + part.offset * es, arena.data(q, blockB), part.count * es);
+      if (q != r && part.count > 0) copyBytes(chunk + part.offset * es, arena.data(q, blockB), part.count * es);
     }
   }
 }

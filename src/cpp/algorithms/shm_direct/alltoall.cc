@@ -8,6 +8,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/shm_direct/arena_call.h"
+#include "common/copy.h"
 
 namespace ringtree::algorithms {
 
@@ -78,7 +79,7 @@ void shmDirectAlltoall(Call& call, const void* const* inputs, const size_t* send
     for (int q = 0; q < n; ++q) {
       const size_t bytes = sliceOf(sent(q), offset, regionBytes).count;
       if (q != r && bytes > 0) {
-        std::memcpy(arena.data(r, region(q)), static_cast<const uint8_t*>(inputs[q]) + offset, bytes);
+        copyBytes(arena.data(r, region(q)), static_cast<const uint8_t*>(inputs[q]) + offset, bytes);
       }
     }
     arena.publish();
@@ -92,7 +93,7 @@ void shmDirectAlltoall(Call& call, const void* const* inputs, const size_t* send
         account(theirs.data(), q);
       }
       const size_t bytes = sliceOf(expected(q), offset, regionBytes).count;
-      if (bytes > 0) std::memcpy(static_cast<uint8_t*>(outputs[q]) + offset, arena.data(q, region(r)), bytes);
+      if (bytes > 0) copyBytes(static_cast<uint8_t*>(outputs[q]) + offset, arena.data(q, region(r)), bytes);
     }
     arena.noteAllPublished(step);
     if (first) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "algorithms/shm_direct/arena_call.h"
+#include "common/copy.h"
 
 namespace ringtree::algorithms {
 
@@ -24,12 +25,12 @@ void shmDirectBroadcast(Call& call, void* buffer, size_t bytes, int root, size_t
     const size_t piece = arena.reserve(length);
     if (ac.rank() == root) {
       ac.prepareWrite(piece, length, step);
-      if (length > 0) std::memcpy(arena.data(root, piece), data + offset, length);
+      if (length > 0) copyBytes(arena.data(root, piece), data + offset, length);
       arena.publish();
     } else {
       ac.waitFor(root, step);
       arena.publish();  // done with the root's earlier pieces: it may rewrite them
-      if (length > 0) std::memcpy(data + offset, arena.data(root, piece), length);
+      if (length > 0) copyBytes(data + offset, arena.data(root, piece), length);
     }
     offset += length;
   } while (offset < bytes);

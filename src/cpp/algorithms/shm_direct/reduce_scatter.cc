@@ -6,6 +6,7 @@
 
 #include "algorithms/blocks.h"
 #include "algorithms/shm_direct/arena_call.h"
+#include "common/copy.h"
 
 namespace ringtree::algorithms {
 
@@ -35,7 +36,7 @@ void shmDirectReduceScatter(Call& call, const void* const* inputs, void* output,
     for (int q = 0; q < n; ++q) {
       const Range slice = sliceOf(counts[q], start, sliceCount);
       if (q != r && slice.count > 0) {
-        std::memcpy(arena.data(r, block + static_cast<size_t>(q) * regionBytes),
+        copyBytes(arena.data(r, block + static_cast<size_t>(q) * regionBytes),
                     static_cast<const uint8_t*>(inputs[q]) + slice.offset * es, slice.count * es);
       }
     }

@@ -12,6 +12,8 @@
 
 #include <ringtree/error.h>
 
+#include "common/copy.h"
+
 namespace ringtree::transport::shm {
 
 namespace {
@@ -219,7 +221,7 @@ bool ShmPair::writePayload(SendOp& op) {
     const size_t offset = writePosition_ % txRingBytes_;
     const size_t n = std::min({static_cast<size_t>(space), op.bytes - op.written, txRingBytes_ - offset,
                                kPublishBytes});
-    std::memcpy(txRing_ + offset, op.data + op.written, n);
+    copyBytes(txRing_ + offset, op.data + op.written, n);
     writePosition_ += n;
     op.written += n;
     wrote = true;
@@ -301,7 +303,7 @@ bool ShmPair::readInlinePayload(RecvOp& op) {
     const uint8_t* src = rxRing_ + offset;
     size_t consumed = n;
     if (op.accumulate.fn == nullptr) {
-      std::memcpy(op.data + delivered_, src, n);
+      copyBytes(op.data + delivered_, src, n);
     } else {
       consumed = accumulateFromRing(op, src, n, n == contiguous);
       if (consumed == 0) {
@@ -344,17 +346,28 @@ size_t ShmPair::accumulateFromRing(RecvOp& op, const uint8_t* src, size_t n, boo
 }
 
 void ShmPair::pullDirect(RecvOp& op) {
-  if (op.accumulate.fn == nullptr) {
+  const auto* peerBuffer = reinterpret_cast<const void*>(static_cast<uintptr_t>(header_.address));
+  if (op.accumulate.fn == nullptr && !isShortCopyDistance(op.data, peerBuffer)) {
     readPeerMemory(op.data, header_.address, op.bytes, op);
     return;
   }
-  if (!bounce_) bounce_ = std::make_unique<uint8_t[]>(kBounceBytes);  // zeroed: faulted in once
-  const size_t elementSize = op.accumulate.elementSize;
+  if (!bounce_) bounce_ = std::make_unique<uint8_t[]>(kBounceBytes + kPageBytes);  // zeroed: faulted in once
+  const uintptr_t bounceStart = reinterpret_cast<uintptr_t>(bounce_.get());
+  const size_t elementSize = op.accumulate.fn == nullptr ? 1 : op.accumulate.elementSize;
   const size_t chunk = kBounceBytes - kBounceBytes % elementSize;
   for (size_t offset = 0; offset < op.bytes; offset += chunk) {
     const size_t n = std::min(chunk, op.bytes - offset);
-    readPeerMemory(bounce_.get(), header_.address + offset, n, op);
-    op.accumulate.fn(op.data + offset, bounce_.get(), n / elementSize);
+    const uint64_t source = header_.address + offset;
+    // The chunk at the source's page offset, so that the kernel copies at distance 0,
+    // unless its elements are misaligned there (the reduction reads whole elements).
+    const bool aligned = source % elementSize == 0;
+    uint8_t* landing = bounce_.get() + (aligned ? (source - bounceStart) % kPageBytes : 0);
+    readPeerMemory(landing, source, n, op);
+    if (op.accumulate.fn == nullptr) {
+      copyBytes(op.data + offset, landing, n);
+    } else {
+      op.accumulate.fn(op.data + offset, landing, n / elementSize);
+    }
   }
 }
 

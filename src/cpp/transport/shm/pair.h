@@ -44,9 +44,13 @@ struct PairSetup {
 // Receives: the payload is copied (or, with Accumulate, reduced) from the ring straight
 // into the destination, a chunk at a time; an element split by the ring's wrap-around
 // is gathered in a small carry buffer. A kDirect payload is pulled in one
-// process_vm_readv, or with Accumulate through a per-pair bounce buffer of kBounceBytes
-// (allocated at the first such receive) that is reduced into the destination while it is
-// still in cache.
+// process_vm_readv, or through a per-pair bounce buffer of kBounceBytes (allocated at the
+// first such receive), a chunk at a time, each reduced (Accumulate) or copied into the
+// destination while it is still in cache. A plain copy goes through the bounce buffer
+// when the destination lies at a short distance past the source (isShortCopyDistance in
+// common/copy.h): the kernel copies with `rep movsb`, which Zen 4 runs ~15x slower
+// there, so the chunk lands at the source's page offset (distance 0) and copyBytes()
+// moves it on.
 //
 // progress() does all the work it can without waiting, so when it returns false the pair
 // is waiting for the peer; never blocks otherwise (a direct pull of a large message is a
@@ -105,9 +109,10 @@ class ShmPair final : public Pair {
   static constexpr size_t kMaxElementBytes = 64;
   // A writer publishes head (and a reader tail) at least this often within a message.
   static constexpr size_t kPublishBytes = size_t{64} << 10;
-  // Bounce buffer of direct receives with Accumulate: fits in L2 next to the
-  // destination chunk it is reduced into.
+  // Bounce buffer of direct receives (with Accumulate, or at a short distance): fits in
+  // L2 next to the destination chunk it is reduced or copied into.
   static constexpr size_t kBounceBytes = size_t{256} << 10;
+  static constexpr uint64_t kPageBytes = 4096;
   // While spinning, the socket is checked for a hang-up once this much time has passed
   // (the clock is read every kClockCheckCalls progress() calls).
   static constexpr std::chrono::milliseconds kHealthCheckInterval{50};
@@ -219,6 +224,7 @@ class ShmPair final : public Pair {
   uint64_t cachedHead_ = 0;     // last validated peer head
   uint8_t carry_[kMaxElementBytes] = {};
   size_t carryBytes_ = 0;       // bytes of a wrap-split element gathered in carry_
+  // kBounceBytes + kPageBytes, so that a chunk can start at any page offset.
   std::unique_ptr<uint8_t[]> bounce_;
 
   // Waiting and peer health.

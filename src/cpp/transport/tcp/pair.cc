@@ -11,6 +11,8 @@
 
 #include <ringtree/error.h>
 
+#include "common/copy.h"
+
 namespace ringtree::transport::tcp {
 
 namespace {
@@ -211,7 +213,7 @@ bool TcpPair::progressRecvs() {
       if (op.accumulate.fn == nullptr) {
         if (staged() > 0) {
           const size_t take = std::min(staged(), want);
-          std::memcpy(op.data + delivered_, staging_.get() + stagingBegin_, take);
+          copyBytes(op.data + delivered_, staging_.get() + stagingBegin_, take);
           stagingBegin_ += take;
           delivered_ += take;
           continue;
