@@ -1,10 +1,10 @@
 // Reduction kernel throughput: inout[i] = inout[i] op in[i], in GB/s of inout bytes per
 // second (1 GB = 1e9 B; the memory traffic is 3x that: two reads and a write), next to
-// memcpy and copyBytes() of the same number of bytes. Columns: the scalar reference (the
+// memcpy and streamingCopy() of the same number of bytes. Columns: the scalar reference (the
 // portable kernel compiled here without vectorisation), each instruction-set variant of the
 // library, and the speed-up of the dispatched variant over the scalar one. A second table:
-// memcpy and copyBytes() with the destination 0, 16 and 64 bytes past a page-aligned
-// source (the short distances copyBytes() takes apart from memcpy).
+// memcpy, copyBytes() and streamingCopy() with the destination 0, 16 and 64 bytes past a
+// page-aligned source (the short distances copyBytes() takes apart from memcpy).
 //
 // Buffers are 4 KiB-aligned and pre-faulted. Every sample times enough calls to move at
 // least 16 MiB; contenders are interleaved sample by sample (so drifts of the machine hit
@@ -142,7 +142,7 @@ int run(int samples) {
               "dispatched variant: %s\n",
               samples, reduceIsaName(best));
   std::printf("%-8s %-9s %-4s %8s %9s %8s %9s %8s %8s %10s\n", "size", "type", "op", "memcpy",
-              "copyBytes", "scalar", "baseline", "avx2", "avx512", "x scalar");
+              "streaming", "scalar", "baseline", "avx2", "avx512", "x scalar");
   const size_t largest = kSizes[sizeof(kSizes) / sizeof(kSizes[0]) - 1];
   Buffer inout(largest);
   Buffer in(largest);
@@ -153,7 +153,7 @@ int run(int samples) {
       fillOnes(in.data(), c.type, count);
       std::vector<std::function<void()>> contenders;
       contenders.emplace_back([&] { std::memcpy(inout.data(), in.data(), bytes); });
-      contenders.emplace_back([&] { copyBytes(inout.data(), in.data(), bytes); });
+      contenders.emplace_back([&] { streamingCopy(inout.data(), in.data(), bytes); });
       contenders.emplace_back([&] { c.scalar(inout.data(), in.data(), count); });
       std::vector<int> column(kNumReduceIsas, -1);  // index into contenders, -1: unavailable
       for (int i = 0; i < kNumReduceIsas; ++i) {
@@ -180,7 +180,8 @@ int run(int samples) {
   return 0;
 }
 
-// GB/s of memcpy and copyBytes() with dst `distance` bytes past a page-aligned src.
+// GB/s of memcpy, copyBytes() and streamingCopy() with dst `distance` bytes past a
+// page-aligned src.
 int runCopies(int samples) {
   constexpr size_t kDistances[] = {0, 16, 64};
   constexpr size_t kCopySizes[] = {size_t{4} << 10, size_t{256} << 10, size_t{4} << 20, size_t{64} << 20};
@@ -190,14 +191,15 @@ int runCopies(int samples) {
   std::memset(src.data(), 1, largest);
   std::memset(dst.data(), 2, largest + 4096);
   std::printf("\ncopies, GB/s, dst = page-aligned src + distance, best of %d samples\n", samples);
-  std::printf("%-8s %8s %8s %9s\n", "size", "distance", "memcpy", "copyBytes");
+  std::printf("%-8s %8s %8s %9s %9s\n", "size", "distance", "memcpy", "copyBytes", "streaming");
   for (size_t bytes : kCopySizes) {
     for (size_t distance : kDistances) {
       unsigned char* to = dst.data() + distance;
       const std::vector<std::function<void()>> contenders = {
-          [&] { std::memcpy(to, src.data(), bytes); }, [&] { copyBytes(to, src.data(), bytes); }};
+          [&] { std::memcpy(to, src.data(), bytes); }, [&] { copyBytes(to, src.data(), bytes); },
+          [&] { streamingCopy(to, src.data(), bytes); }};
       const std::vector<double> rate = measure(contenders, bytes, samples);
-      std::printf("%-8s %8zu %8.1f %9.1f\n", sizeName(bytes).c_str(), distance, rate[0], rate[1]);
+      std::printf("%-8s %8zu %8.1f %9.1f %9.1f\n", sizeName(bytes).c_str(), distance, rate[0], rate[1], rate[2]);
     }
   }
   return 0;

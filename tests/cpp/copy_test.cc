@@ -1,4 +1,5 @@
-// copyBytes (common/copy.h): every byte copied and nothing around it touched, for sizes on
+// copyBytes and streamingCopy (common/copy.h): every byte copied and nothing around it
+// touched, for sizes on
 // both sides of each of its thresholds, at every kind of distance between destination and
 // source modulo a page (0, the short distances its vector loop takes, long ones) and at
 // misaligned starts.
@@ -49,6 +50,8 @@ TEST(CopyBytesTest, CopiesEveryByteAndNothingElseAtEveryDistance) {
                                      kShortDistanceCopyMinBytes,
                                      4097,
                                      (size_t{256} << 10) + 5,
+                                     kShortDistanceCopyMaxBytes - 1,
+                                     kShortDistanceCopyMaxBytes,
                                      kStreamingCopyBytes + 4097};
   const std::vector<size_t> sourceOffsets = {0, 5, 40};
   const std::vector<size_t> distances = {0, 1, 8, 16, kShortDistanceBytes - 1, kShortDistanceBytes, 63, 100, kPage - 8};
@@ -59,19 +62,25 @@ TEST(CopyBytesTest, CopiesEveryByteAndNothingElseAtEveryDistance) {
     for (size_t sourceOffset : huge ? std::vector<size_t>{5} : sourceOffsets) {
       for (size_t distance : huge ? std::vector<size_t>{0, 8} : distances) {
         PlacedBuffer src(bytes, sourceOffset);
-        PlacedBuffer dst(bytes, (sourceOffset + distance) % kPage);
         std::copy(pattern.begin(), pattern.end(), src.data());
-        copyBytes(dst.data(), src.data(), bytes);
-        EXPECT_TRUE(std::equal(pattern.begin(), pattern.end(), dst.data()))
-            << bytes << " bytes, source offset " << sourceOffset << ", distance " << distance;
-        EXPECT_TRUE(dst.guardsIntact()) << bytes << " bytes, distance " << distance;
+        for (const auto copy : {&copyBytes, &streamingCopy}) {
+          PlacedBuffer dst(bytes, (sourceOffset + distance) % kPage);
+          copy(dst.data(), src.data(), bytes);
+          const char* name = copy == &copyBytes ? "copyBytes" : "streamingCopy";
+          EXPECT_TRUE(std::equal(pattern.begin(), pattern.end(), dst.data()))
+              << name << ": " << bytes << " bytes, source offset " << sourceOffset << ", distance " << distance;
+          EXPECT_TRUE(dst.guardsIntact()) << name << ": " << bytes << " bytes, distance " << distance;
+        }
         EXPECT_TRUE(std::equal(pattern.begin(), pattern.end(), src.data())) << bytes << " bytes";
       }
     }
   }
 }
 
-TEST(CopyBytesTest, NothingToCopyAcceptsNullPointers) { copyBytes(nullptr, nullptr, 0); }
+TEST(CopyBytesTest, NothingToCopyAcceptsNullPointers) {
+  copyBytes(nullptr, nullptr, 0);
+  streamingCopy(nullptr, nullptr, 0);
+}
 
 }  // namespace
 }  // namespace ringtree

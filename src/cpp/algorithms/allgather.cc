@@ -70,7 +70,7 @@ void bruckAllgather(Call& call, const void* input, void* const* outputs, const s
   }
   for (int i = 1; i < n; ++i) {
     const size_t bytes = offset[i + 1] - offset[i];
-    if (bytes > 0) copyBytes(outputs[(rank + i) % n], held + offset[i], bytes);
+    if (bytes > 0) streamingCopy(outputs[(rank + i) % n], held + offset[i], bytes);
   }
 }
 
@@ -104,7 +104,7 @@ void allgather(Communicator& communicator, const void* input, void* const* outpu
             }
             // Last: the algorithms send this rank's block from `input`, which may be
             // outputs[rank] itself.
-            if (outputs[rank] != input && counts[rank] > 0) copyBytes(outputs[rank], input, counts[rank] * es);
+            if (outputs[rank] != input && counts[rank] > 0) streamingCopy(outputs[rank], input, counts[rank] * es);
           });
 }
 

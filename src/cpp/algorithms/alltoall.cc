@@ -42,7 +42,7 @@ void alltoall(Communicator& communicator, const void* const* inputs, const size_
           [&](Call& call) {
             const size_t es = call.elementSize;
             if (outputs[rank] != inputs[rank] && sendCounts[rank] > 0) {
-              copyBytes(outputs[rank], inputs[rank], sendCounts[rank] * es);
+              streamingCopy(outputs[rank], inputs[rank], sendCounts[rank] * es);
             }
             if (n > 1 && algorithm == Algorithm::kShmDirect) {
               shmDirectAlltoall(call, inputs, sendCounts, outputs, recvCounts, options.maxSegmentBytes);

@@ -23,7 +23,7 @@ namespace algorithms {
 namespace {
 
 void copyBlock(void* destination, const void* source, size_t bytes) {
-  if (destination != source && bytes > 0) copyBytes(destination, source, bytes);
+  if (destination != source && bytes > 0) streamingCopy(destination, source, bytes);
 }
 
 void linearGather(Call& call, const void* input, void* const* outputs, size_t blockBytes, int root) {

@@ -153,7 +153,7 @@ void reduceScatter(Communicator& communicator, const void* const* inputs, void* 
               }
             }
             if (n == 1) {
-              if (output != sources[0] && counts[0] > 0) copyBytes(output, sources[0], counts[0] * es);
+              if (output != sources[0] && counts[0] > 0) streamingCopy(output, sources[0], counts[0] * es);
             } else {
               switch (algorithm) {
                 case Algorithm::kShmDirect:

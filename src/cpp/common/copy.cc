@@ -34,9 +34,20 @@ void copyLines(unsigned char* to, const unsigned char* from, size_t bytes, Store
 void copyBytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
 #if defined(__SSE2__)
-  auto* to = static_cast<unsigned char*>(dst);
-  const auto* from = static_cast<const unsigned char*>(src);
+  if (bytes >= kShortDistanceCopyMinBytes && bytes < kShortDistanceCopyMaxBytes && isShortCopyDistance(dst, src)) {
+    copyLines(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes,
+              [](unsigned char* p, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); });
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+void streamingCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
   if (bytes >= kStreamingCopyBytes) {
+    auto* to = static_cast<unsigned char*>(dst);
+    const auto* from = static_cast<const unsigned char*>(src);
     // Whole 64-byte lines of dst, so that the write-combining buffers flush full lines.
     const size_t head = (64 - reinterpret_cast<uintptr_t>(to) % 64) % 64;
     std::memcpy(to, from, head);
@@ -45,13 +56,8 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
     _mm_sfence();
     return;
   }
-  if (bytes >= kShortDistanceCopyMinBytes && isShortCopyDistance(to, from)) {
-    copyLines(to, from, bytes,
-              [](unsigned char* p, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); });
-    return;
-  }
 #endif
-  std::memcpy(dst, src, bytes);
+  copyBytes(dst, src, bytes);
 }
 
 }  // namespace ringtree
