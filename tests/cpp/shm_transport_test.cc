@@ -897,10 +897,19 @@ TEST(ShmHostilePeerTest, HugeSizeIsAMismatch) {
 
 TEST(ShmHostilePeerTest, DirectCopyFromAnUnmappedAddress) {
   FakePeer fake = connectFake(false);
-  MessageHeader header = validHeader(100, MessageKind::kDirect);
-  header.address = 0x10;
-  publishHeader(fake, header);
+  const MessageHeader header = validHeader(100, MessageKind::kDirect);
+  std::memcpy(fake.txRing(), &header, sizeof(header));
+  auto* descriptor = reinterpret_cast<DirectDescriptor*>(fake.txRing() + sizeof(header));
+  descriptor->address.store(0x10);
+  descriptor->state.store(kDirectPosted);
+  fake.txControl()->head.store(sizeof(header) + sizeof(DirectDescriptor), std::memory_order_release);
   expectReceiveFails<NetworkError>(fake, "cannot read its send buffer");
+}
+
+TEST(ShmHostilePeerTest, DirectHeaderWithoutItsDescriptor) {
+  FakePeer fake = connectFake(false);
+  publishHeader(fake, validHeader(100, MessageKind::kDirect));  // head stops after the header
+  expectReceiveFails<NetworkError>(fake, "without its descriptor");
 }
 
 TEST(ShmHostilePeerTest, TailMovedBeyondHead) {

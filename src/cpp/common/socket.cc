@@ -239,6 +239,11 @@ uint16_t localPort(int fd) {
   throw NetworkError("getsockname returned address family " + std::to_string(storage.ss_family));
 }
 
+bool hungUp(int fd) noexcept {
+  pollfd pfd{fd, POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+}
+
 std::string peerName(int fd) {
   sockaddr_storage storage{};
   socklen_t length = sizeof(storage);

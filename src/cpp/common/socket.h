@@ -89,6 +89,10 @@ uint16_t localPort(int fd);
 // The peer address of a connected fd as text; "unknown peer" when it cannot be read.
 std::string peerName(int fd);
 
+// Whether a connected socket reports a hang-up (the peer closed it or died, or an
+// error): a poll() that does not wait. Never throws.
+bool hungUp(int fd) noexcept;
+
 // The address without its port as numeric text: "1.2.3.4" or "::1".
 std::string numericHost(const Address& address);
 

@@ -25,7 +25,7 @@ enum class NoticeFailure : uint8_t { kError = 0, kNetwork = 1, kTimeout = 2, kMi
 // collectives (or the same with different arguments), and the receive fails with
 // EnvelopeMismatch instead of corrupting data or hanging.
 //
-// Part of the wire format between ranks of one build (host byte order), 40 bytes with no
+// Part of the wire format between ranks of one build (host byte order), 48 bytes with no
 // implicit padding, so that every byte a transport sends is defined.
 struct Envelope {
   // Collectives: the communicator's call counter. Point-to-point: the message's number
@@ -52,17 +52,20 @@ struct Envelope {
   NoticeFailure noticeFailure = NoticeFailure::kError;  // a collective abandon notice's failure class
   uint8_t sentDataType = 0;  // a point-to-point mismatch notice: the data type the message was sent as
   uint8_t padding = 0;       // always 0
+  // Which communicator the message belongs to where several share one connection (the
+  // channels of transport/mux/link.h); 0 on a connection that carries one communicator.
+  uint64_t channel = 0;
 
   // Compares every field but padding: a notice never equals an ordinary message.
   bool operator==(const Envelope& o) const {
     return sequence == o.sequence && count == o.count && operation == o.operation && dataType == o.dataType &&
            reduceOp == o.reduceOp && root == o.root && countsHash == o.countsHash && tag == o.tag &&
            culprit == o.culprit && noticeKind == o.noticeKind && noticeFailure == o.noticeFailure &&
-           sentDataType == o.sentDataType;
+           sentDataType == o.sentDataType && channel == o.channel;
   }
   bool operator!=(const Envelope& o) const { return !(*this == o); }
 };
-static_assert(sizeof(Envelope) == 40, "Envelope is part of the wire format");
+static_assert(sizeof(Envelope) == 48, "Envelope is part of the wire format");
 static_assert(std::has_unique_object_representations_v<Envelope>, "Envelope has no padding bytes");
 
 // How transports name a message in their errors: "1024 bytes of allreduce(seq=3, ...)"
@@ -168,6 +171,44 @@ class Pair {
   // pair is failed.
   virtual bool peekIncoming(Envelope* envelope, size_t* bytes) = 0;
 
+  // Tentative receives, for a multiplexer (transport/mux/link.h) that posts a channel's
+  // receive before it knows whose the next message is. Like postRecv(), but the receive
+  // takes the next message only when its envelope and size are exactly the expected ones;
+  // otherwise it takes nothing and is refused (recvRefused() turns true), the message
+  // staying first in line. At most one, posted while no other receive is.
+  // withdrawTentativeRecv() takes it back when it has not started to take a message
+  // (refused, or nothing arrived yet) and returns whether it did; peekIncoming() may then
+  // look at the message.
+  virtual void postTentativeRecv(const Envelope& expected, void* data, size_t bytes,
+                                 const Accumulate& accumulate) = 0;
+  virtual bool recvRefused() const noexcept = 0;
+  virtual bool withdrawTentativeRecv() noexcept = 0;
+
+  // For a multiplexer (transport/mux/link.h) whose channel gives up while the connection
+  // moves one of its messages: make the posted operations independent of their callers'
+  // buffers, which are free once these return, while the byte stream stays whole.
+  // detachSends(): every posted send is still sent in full, from a copy the pair makes of
+  // its payload. Returns false when that cannot be done by `deadline` (a shared-memory
+  // peer that went on copying from the caller's buffer that long); the sends are then
+  // left as they were. detachRecvs(): every posted receive still takes its message from
+  // the stream (its envelope is still checked) but stores nothing more. Never throw
+  // otherwise (bad_alloc aside).
+  virtual bool detachSends(net::Deadline deadline) = 0;
+  virtual void detachRecvs() = 0;
+
+  // For a multiplexer, once the stream ended cleanly (endedCleanly): whether the peer took
+  // every byte this side sent before it went (TCP: its kernel acknowledged them; shared
+  // memory: its tail reached this side's head), so that a send that finished did reach it.
+  // Never throws.
+  virtual bool peerTookEverything() const noexcept = 0;
+
+  // For a caller that reads every message through peekIncoming() (a multiplexer: see
+  // transport/mux/link.h): after peekIncoming() threw because the peer went away, whether
+  // the stream ended cleanly, at a message boundary with every message delivered (the peer
+  // closed the connection, or its process ended between two messages), rather than in
+  // the middle of a message or with an error. The pair is failed either way. Never throws.
+  virtual bool endedCleanly() const noexcept = 0;
+
   // For a caller that posted no receive on this pair (its sends finished, or stalled):
   // looks, without blocking, at what the peer sent meanwhile, so that a peer that went
   // away or gave up is noticed although nothing is read from it. Reads ahead into the
@@ -178,6 +219,12 @@ class Pair {
   // from *current (the peer is in the same call with other arguments). Does nothing
   // while a receive is posted (the receive reports all of this itself).
   virtual void checkIncoming(const Envelope* current) = 0;
+
+  // Whether the peer closed this connection or its process died (for a channel: the peer
+  // closed its end of the channel), as far as can be seen without blocking; messages it
+  // sent before may still wait to be received (checkIncoming shows a notice among them).
+  // For a caller that waits on something else than the pair (the node arena). Never throws.
+  virtual bool hungUp() noexcept = 0;
 
   // Prepares the caller to sleep in poll(): fills *pfd with the descriptor and events
   // that signal this pair can make progress. After arming, call progress() once more

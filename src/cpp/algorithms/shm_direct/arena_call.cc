@@ -27,16 +27,6 @@ constexpr int kPauseIterations = 32;
 // Longest futex sleep: the deadline and the peers' connections are checked between sleeps.
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 
-// Whether pair's connection reports a hang-up (the peer closed it or died). Never blocks.
-bool hungUp(transport::Pair& pair) {
-  pollfd pfd{};
-  pair.armWait(&pfd);
-  pfd.events = static_cast<short>(pfd.events | POLLRDHUP);
-  const int rc = ::poll(&pfd, 1, 0);
-  pair.disarmWait();
-  return rc > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
-}
-
 }  // namespace
 
 int ArenaCall::pauseIterationsFor(int ranks) {
@@ -110,7 +100,7 @@ void ArenaCall::checkWhileWaiting(int peer, uint32_t target, Clock::time_point s
   for (int other = 0; other < size(); ++other) {
     if (other == rank() || NodeArena::reached(arena_.peerStep(other), target)) continue;
     transport::Pair& pair = call_.comm.pair(other);
-    if (hungUp(pair) && !NodeArena::reached(arena_.peerStep(other), target)) {
+    if (pair.hungUp() && !NodeArena::reached(arena_.peerStep(other), target)) {
       pair.checkIncoming(nullptr);
       gone += (gone.empty() ? "" : " and ") + pair.peerDescription();
       if (goneCount++ == 0) firstGone = other;

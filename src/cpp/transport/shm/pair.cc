@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include <ringtree/error.h>
 
@@ -68,7 +69,7 @@ void ShmPair::postSend(const Envelope& envelope, const void* data, size_t bytes)
   op.headerWritten = false;
   op.direct = peerReadsDirect_ && bytes > 0 && bytes >= directCopyThreshold_;
   op.number = sendsPosted_++;
-  sends_.push_back(op);
+  sends_.push_back(std::move(op));
 }
 
 void ShmPair::postRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
@@ -99,7 +100,7 @@ bool ShmPair::progress() {
     bool moved = progressSends();
     moved = progressRecvs() || moved;
     if (idle()) return true;
-    if (peerWasClosed && !moved) {
+    if (peerWasClosed && !moved && !refused_) {
       if (recvs_.empty()) throwIfNoticeOrOtherCall(nullptr);  // why it left, when it said
       throwPeerGone();
     }
@@ -108,6 +109,65 @@ bool ShmPair::progress() {
     failure_ = std::current_exception();
     throw;
   }
+}
+
+void ShmPair::postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
+  if (!recvs_.empty()) {
+    throw InvalidArgument("postTentativeRecv from " + peerDescription() + " while another receive is posted");
+  }
+  postRecv(expected, data, bytes, accumulate);
+  recvs_.back().tentative = true;
+}
+
+bool ShmPair::withdrawTentativeRecv() noexcept {
+  if (recvs_.size() != 1 || !recvs_.front().tentative || haveHeader_) return false;
+  recvs_.pop_front();
+  refused_ = false;
+  return true;
+}
+
+bool ShmPair::detachSends(net::Deadline deadline) {
+  const auto copyOf = [](const uint8_t* data, size_t bytes) {
+    std::unique_ptr<uint8_t[]> copy(new uint8_t[bytes]);
+    std::memcpy(copy.get(), data, bytes);
+    return copy;
+  };
+  for (DirectSend& send : directInFlight_) {
+    if (send.copy != nullptr) continue;
+    std::unique_ptr<uint8_t[]> copy = copyOf(send.data, send.bytes);
+    DirectDescriptor& descriptor = txDescriptor(send.headerEnd);
+    descriptor.address.store(reinterpret_cast<uintptr_t>(copy.get()), std::memory_order_relaxed);
+    uint32_t state = kDirectPosted;
+    if (!descriptor.state.compare_exchange_strong(state, kDirectMoved, std::memory_order_acq_rel)) {
+      // The peer pulls from the caller's buffer: that ends with a copy's time.
+      try {
+        while (reloadTail() < send.headerEnd) {
+          checkPeerAlive();
+          if (peerClosed_ || net::Clock::now() >= deadline) return false;
+          std::this_thread::yield();
+        }
+      } catch (...) {
+        return false;  // a peer that corrupted the tail: the pair fails on its next call
+      }
+    }
+    send.copy = std::move(copy);
+    send.data = send.copy.get();
+  }
+  for (SendOp& op : sends_) {
+    if (op.copy != nullptr || op.bytes == 0) continue;
+    op.copy = copyOf(op.data, op.bytes);
+    op.data = op.copy.get();
+  }
+  return true;
+}
+
+bool ShmPair::peerTookEverything() const noexcept {
+  return sends_.empty() && directInFlight_.empty() &&
+         txControl_->tail.load(std::memory_order_acquire) == writePosition_;
+}
+
+void ShmPair::detachRecvs() {
+  for (RecvOp& op : recvs_) op.discard = true;
 }
 
 size_t ShmPair::pendingSends() const {
@@ -125,7 +185,10 @@ bool ShmPair::peekIncoming(Envelope* envelope, size_t* bytes) {
     const bool peerWasClosed = peerClosed_;
     const uint64_t end = alignToCacheLine(readPosition_) + sizeof(MessageHeader);
     if (cachedHead_ < end && reloadHead() < end) {
-      if (peerWasClosed) throwPeerGone();
+      if (peerWasClosed) {
+        endedCleanly_ = cachedHead_ == readPosition_;
+        throwPeerGone();
+      }
       return false;
     }
     MessageHeader header;
@@ -184,20 +247,25 @@ bool ShmPair::progressSends() {
     SendOp& op = sends_.front();
     if (!op.headerWritten) {
       const uint64_t position = alignToCacheLine(writePosition_);
-      const uint64_t end = position + sizeof(MessageHeader);
+      const uint64_t end = position + sizeof(MessageHeader) + (op.direct ? sizeof(DirectDescriptor) : 0);
       if (end - cachedTail_ > txRingBytes_ && end - reloadTail() > txRingBytes_) break;
       MessageHeader header{};
       header.envelope = op.envelope;
       header.bytes = op.bytes;
       header.kind = static_cast<uint32_t>(op.direct ? MessageKind::kDirect : MessageKind::kInline);
       header.marker = kHeaderMarker;
-      header.address = op.direct ? reinterpret_cast<uintptr_t>(op.data) : 0;
       std::memcpy(txRing_ + position % txRingBytes_, &header, sizeof(header));
       writePosition_ = end;
       op.headerWritten = true;
       moved = true;
       if (op.direct) {
-        directInFlight_.push_back(DirectSend{end, op.number});
+        // The descriptor's line follows the header's: both start on a line boundary of a
+        // ring whose size is a whole number of lines, so neither wraps. Published with
+        // the header (publishHead's release store).
+        DirectDescriptor& descriptor = txDescriptor(end);
+        descriptor.address.store(reinterpret_cast<uintptr_t>(op.data), std::memory_order_relaxed);
+        descriptor.state.store(kDirectPosted, std::memory_order_relaxed);
+        directInFlight_.push_back(DirectSend{end, op.number, op.data, op.bytes, std::move(op.copy)});
         sends_.pop_front();
         continue;
       }
@@ -236,11 +304,25 @@ bool ShmPair::progressRecvs() {
     RecvOp& op = recvs_.front();
     if (!haveHeader_) {
       const uint64_t position = alignToCacheLine(readPosition_);
-      const uint64_t end = position + sizeof(MessageHeader);
+      uint64_t end = position + sizeof(MessageHeader);
       if (cachedHead_ < end && reloadHead() < end) break;
       MessageHeader header;
       std::memcpy(&header, rxRing_ + position % rxRingBytes_, sizeof(header));
+      if (op.tentative) {
+        validateHeader(header);
+        if (header.envelope != op.expected || header.bytes != op.bytes) {
+          refused_ = true;  // the message stays at our tail for whoever takes it
+          break;
+        }
+      }
       checkHeader(header, op);
+      if (header.kind == static_cast<uint32_t>(MessageKind::kDirect)) {
+        // The descriptor is published with the header (one head store covers both).
+        end += sizeof(DirectDescriptor);
+        if (cachedHead_ < end && reloadHead() < end) {
+          throwProtocolError("published a direct-copy header without its descriptor");
+        }
+      }
       header_ = header;
       haveHeader_ = true;
       headerEnd_ = end;
@@ -302,7 +384,9 @@ bool ShmPair::readInlinePayload(RecvOp& op) {
     const size_t n = std::min({static_cast<size_t>(available), op.bytes - delivered_, contiguous, kPublishBytes});
     const uint8_t* src = rxRing_ + offset;
     size_t consumed = n;
-    if (op.accumulate.fn == nullptr) {
+    if (op.discard) {
+      // detached: consumed, not stored
+    } else if (op.accumulate.fn == nullptr) {
       copyBytes(op.data + delivered_, src, n);
     } else {
       consumed = accumulateFromRing(op, src, n, n == contiguous);
@@ -345,10 +429,28 @@ size_t ShmPair::accumulateFromRing(RecvOp& op, const uint8_t* src, size_t n, boo
   return n;
 }
 
+DirectDescriptor& ShmPair::txDescriptor(uint64_t end) const {
+  return *reinterpret_cast<DirectDescriptor*>(txRing_ + (end - sizeof(DirectDescriptor)) % txRingBytes_);
+}
+
+DirectDescriptor& ShmPair::rxDescriptor(uint64_t end) const {
+  // The reader's one write into the peer's ring is the descriptor's state (protocol.h).
+  return *reinterpret_cast<DirectDescriptor*>(const_cast<uint8_t*>(rxRing_) +
+                                              (end - sizeof(DirectDescriptor)) % rxRingBytes_);
+}
+
 void ShmPair::pullDirect(RecvOp& op) {
-  const auto* peerBuffer = reinterpret_cast<const void*>(static_cast<uintptr_t>(header_.address));
+  if (op.discard) return;  // detached: nothing to copy; moving the tail finishes the send
+  DirectDescriptor& descriptor = rxDescriptor(headerEnd_);
+  uint32_t state = kDirectPosted;
+  if (!descriptor.state.compare_exchange_strong(state, kDirectTaken, std::memory_order_acq_rel) &&
+      state != kDirectMoved) {
+    throwProtocolError("left a direct-copy descriptor in state " + std::to_string(state));
+  }
+  const uint64_t address = descriptor.address.load(std::memory_order_acquire);
+  const auto* peerBuffer = reinterpret_cast<const void*>(static_cast<uintptr_t>(address));
   if (op.accumulate.fn == nullptr && !isShortCopyDistance(op.data, peerBuffer)) {
-    readPeerMemory(op.data, header_.address, op.bytes, op);
+    readPeerMemory(op.data, address, op.bytes, op);
     return;
   }
   if (!bounce_) bounce_ = std::make_unique<uint8_t[]>(kBounceBytes + kPageBytes);  // zeroed: faulted in once
@@ -357,7 +459,7 @@ void ShmPair::pullDirect(RecvOp& op) {
   const size_t chunk = kBounceBytes - kBounceBytes % elementSize;
   for (size_t offset = 0; offset < op.bytes; offset += chunk) {
     const size_t n = std::min(chunk, op.bytes - offset);
-    const uint64_t source = header_.address + offset;
+    const uint64_t source = address + offset;
     // The chunk at the source's page offset, so that the kernel copies at distance 0,
     // unless its elements are misaligned there (the reduction reads whole elements).
     const bool aligned = source % elementSize == 0;
@@ -460,10 +562,7 @@ void ShmPair::drainWakeBytes() {
 }
 
 void ShmPair::checkPeerAlive() {
-  pollfd pfd{socket_.fd(), POLLRDHUP, 0};
-  if (::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) {
-    peerClosed_ = true;
-  }
+  if (net::hungUp(socket_.fd())) peerClosed_ = true;
 }
 
 void ShmPair::checkPeerAliveNowAndThen() {

@@ -38,8 +38,8 @@ struct PairSetup {
 // a payload larger than the free space streams through as the reader frees it. An inline
 // send is finished once all its bytes are in the ring. A message of at least
 // PairOptions::directCopyThreshold bytes, when the peer can read our memory, is only a
-// kDirect header; the peer pulls the payload with process_vm_readv and moves the tail
-// past the header when done, which finishes the send.
+// kDirect header and a descriptor (its address); the peer pulls the payload with
+// process_vm_readv and moves the tail past both when done, which finishes the send.
 //
 // Receives: the payload is copied (or, with Accumulate, reduced) from the ring straight
 // into the destination, a chunk at a time; an element split by the ring's wrap-around
@@ -92,7 +92,15 @@ class ShmPair final : public Pair {
   // Reads the header at our tail, validated like a received one; the message stays in
   // the ring. Notices the peer's departure the way progress() does.
   bool peekIncoming(Envelope* envelope, size_t* bytes) override;
+  bool endedCleanly() const noexcept override { return endedCleanly_; }
+  bool peerTookEverything() const noexcept override;
+  void postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) override;
+  bool recvRefused() const noexcept override { return refused_; }
+  bool withdrawTentativeRecv() noexcept override;
+  bool detachSends(net::Deadline deadline) override;
+  void detachRecvs() override;
   void checkIncoming(const Envelope* current) override;
+  bool hungUp() noexcept override { return net::hungUp(socket_.fd()); }
   void armWait(pollfd* pfd) override;
   // armWait() that also raises readerSleeping with no receive posted.
   void armWaitForIncoming(pollfd* pfd) override;
@@ -127,17 +135,23 @@ class ShmPair final : public Pair {
     bool headerWritten;
     bool direct;
     uint64_t number;     // position among all sends posted (0, 1, ...)
+    std::unique_ptr<uint8_t[]> copy;  // the payload, once detached (data points here)
   };
   // A kDirect send whose header is in the ring: finished once the peer's tail passes it.
   struct DirectSend {
-    uint64_t headerEnd;
+    uint64_t headerEnd;  // the end of its descriptor
     uint64_t number;     // SendOp::number
+    const uint8_t* data;
+    size_t bytes;
+    std::unique_ptr<uint8_t[]> copy;  // what the peer pulls from, once detached
   };
   struct RecvOp {
     Envelope expected;
     uint8_t* data;
     size_t bytes;
     Accumulate accumulate;
+    bool discard = false;    // detached: the payload is consumed and dropped
+    bool tentative = false;  // postTentativeRecv
   };
 
   bool idle() const { return sends_.empty() && directInFlight_.empty() && recvs_.empty(); }
@@ -152,8 +166,12 @@ class ShmPair final : public Pair {
   // point) into op's destination; returns the bytes consumed (0: only part of an element
   // has arrived).
   size_t accumulateFromRing(RecvOp& op, const uint8_t* src, size_t n, bool atRingEnd);
-  // Pulls recvs_.front()'s kDirect payload from the peer's memory.
+  // Pulls recvs_.front()'s kDirect payload from the peer's memory (its descriptor ends at
+  // headerEnd_).
   void pullDirect(RecvOp& op);
+  // The descriptor of the kDirect message whose descriptor ends at `end` in a ring.
+  DirectDescriptor& txDescriptor(uint64_t end) const;
+  DirectDescriptor& rxDescriptor(uint64_t end) const;
   // Reads bytes at the peer's address into dst with process_vm_readv; throws NetworkError.
   void readPeerMemory(uint8_t* dst, uint64_t address, size_t bytes, const RecvOp& op);
   // Checks that the header at our tail is well formed (marker, kind); throws NetworkError.
@@ -216,8 +234,9 @@ class ShmPair final : public Pair {
   // Receiver side.
   std::deque<RecvOp> recvs_;
   bool haveHeader_ = false;     // recvs_.front()'s header has arrived and matched
+  bool refused_ = false;        // the tentative recvs_.front() refused the message at our tail
   MessageHeader header_{};      // its validated copy
-  uint64_t headerEnd_ = 0;      // ring position after it
+  uint64_t headerEnd_ = 0;      // ring position after it (and a kDirect one's descriptor)
   size_t delivered_ = 0;        // payload bytes of recvs_.front() consumed
   uint64_t readPosition_ = 0;   // our tail (bytes consumed)
   uint64_t publishedTail_ = 0;  // last value stored in rxControl_->tail
@@ -236,6 +255,7 @@ class ShmPair final : public Pair {
   net::Clock::time_point lastHealthCheck_;
 
   std::exception_ptr failure_;
+  bool endedCleanly_ = false;  // peekIncoming() found the peer gone after its last message
 };
 
 }  // namespace ringtree::transport::shm

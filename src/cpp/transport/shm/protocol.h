@@ -17,7 +17,7 @@ constexpr size_t kCacheLineBytes = 64;
 // First word of the control block and of the handshake message ("ringtree" in ASCII).
 constexpr uint64_t kMagic = 0x65657274676e6972ULL;
 // Bumped on any change to this file's layouts.
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 
 // Ring sizes are multiples of a cache line within these bounds (the smallest holds one
 // MessageHeader and one cache line of payload).
@@ -68,9 +68,10 @@ enum class MessageKind : uint32_t {
   // The payload follows the header in the ring (streamed through it when larger than the
   // free space).
   kInline = 1,
-  // The payload stays in the sender's memory at `address`; the reader copies it with
-  // process_vm_readv and moves tail past the header only once it has finished reading,
-  // which is what completes the sender's send.
+  // The payload stays in the sender's memory; the header is followed by a
+  // DirectDescriptor saying where. The reader copies the payload with process_vm_readv
+  // and moves tail past the descriptor only once it has finished reading, which is what
+  // completes the sender's send.
   kDirect = 2,
 };
 
@@ -82,9 +83,27 @@ struct MessageHeader {
   uint64_t bytes;     // payload bytes
   uint32_t kind;      // MessageKind
   uint32_t marker;    // kHeaderMarker: catches a reader that lost its place
-  uint64_t address;   // kDirect: address of the payload in the sender's address space
 };
 static_assert(sizeof(MessageHeader) == kCacheLineBytes, "MessageHeader is one cache line");
+
+// The cache line after a kDirect message's header, in the sender's ring: where the
+// payload is, and who has it. `state` is the one word of a ring that its reader writes:
+// the reader moves it from kDirectPosted to kDirectTaken (compare-exchange) before it
+// reads `address` and pulls. A sender that must free the caller's buffer early
+// (Pair::detachSends) first points `address` at a copy, then moves `state` from
+// kDirectPosted to kDirectMoved: the first exchange wins, and a sender that loses waits
+// for the pull to end (the reader's tail passing the message).
+struct DirectDescriptor {
+  std::atomic<uint64_t> address;  // of the payload in the sender's address space
+  std::atomic<uint32_t> state;
+  uint32_t reserved;
+  uint64_t reserved2[6];
+};
+static_assert(sizeof(DirectDescriptor) == kCacheLineBytes, "DirectDescriptor is one cache line");
+constexpr uint32_t kDirectPosted = 1;
+constexpr uint32_t kDirectTaken = 2;
+constexpr uint32_t kDirectMoved = 3;
+
 constexpr uint32_t kHeaderMarker = 0x6d736721;
 
 // Sent by each side right after connecting, with its segment's memfd attached

@@ -64,7 +64,7 @@ void TcpPair::postSend(const Envelope& envelope, const void* data, size_t bytes)
   op.header.envelope = envelope;
   op.header.bytes = bytes;
   op.data = static_cast<const uint8_t*>(data);
-  sends_.push_back(op);
+  sends_.push_back(std::move(op));
 }
 
 void TcpPair::postRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
@@ -81,6 +81,35 @@ void TcpPair::postRecv(const Envelope& expected, void* data, size_t bytes, const
                           "-byte elements");
   }
   recvs_.push_back(RecvOp{expected, static_cast<uint8_t*>(data), bytes, accumulate});
+}
+
+void TcpPair::postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
+  if (!recvs_.empty()) {
+    throw InvalidArgument("postTentativeRecv from " + peerDescription() + " while another receive is posted");
+  }
+  postRecv(expected, data, bytes, accumulate);
+  recvs_.back().tentative = true;
+}
+
+bool TcpPair::withdrawTentativeRecv() noexcept {
+  if (recvs_.size() != 1 || !recvs_.front().tentative || headerDone_) return false;
+  recvs_.pop_front();
+  refused_ = false;
+  return true;
+}
+
+bool TcpPair::detachSends(net::Deadline /*deadline*/) {
+  for (SendOp& op : sends_) {
+    if (op.copy != nullptr || op.header.bytes == 0) continue;
+    op.copy.reset(new uint8_t[op.header.bytes]);
+    std::memcpy(op.copy.get(), op.data, op.header.bytes);
+    op.data = op.copy.get();
+  }
+  return true;
+}
+
+void TcpPair::detachRecvs() {
+  for (RecvOp& op : recvs_) op.discard = true;
 }
 
 bool TcpPair::progress() {
@@ -158,7 +187,10 @@ size_t TcpPair::readSome(void* dst, size_t size) {
   for (;;) {
     const ssize_t n = ::recv(socket_.fd(), dst, size, MSG_DONTWAIT);
     if (n > 0) return static_cast<size_t>(n);
-    if (n == 0) throwClosed(0, /*sending=*/false);
+    if (n == 0) {
+      endOfStream_ = true;
+      throwClosed(0, /*sending=*/false);
+    }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     const int error = errno;
@@ -203,6 +235,10 @@ bool TcpPair::progressRecvs() {
       }
       WireHeader header;
       std::memcpy(&header, staging_.get() + stagingBegin_, sizeof(header));
+      if (op.tentative && (header.envelope != op.expected || header.bytes != op.bytes)) {
+        refused_ = true;  // the message stays in staging for whoever takes it
+        return moved;
+      }
       stagingBegin_ += sizeof(header);
       checkHeader(header);
       headerDone_ = true;
@@ -210,7 +246,12 @@ bool TcpPair::progressRecvs() {
     }
     while (delivered_ < op.bytes) {
       const size_t want = op.bytes - delivered_;
-      if (op.accumulate.fn == nullptr) {
+      if (op.discard) {
+        const size_t take = std::min(staged(), want);
+        stagingBegin_ += take;
+        delivered_ += take;
+        if (take > 0) continue;
+      } else if (op.accumulate.fn == nullptr) {
         if (staged() > 0) {
           const size_t take = std::min(staged(), want);
           copyBytes(op.data + delivered_, staging_.get() + stagingBegin_, take);
@@ -254,6 +295,7 @@ bool TcpPair::peekIncoming(Envelope* envelope, size_t* bytes) {
     }
   } catch (...) {
     failure_ = std::current_exception();
+    endedCleanly_ = endOfStream_ && staged() == 0;
     throw;
   }
   WireHeader header;
@@ -306,7 +348,7 @@ void TcpPair::checkIncoming(const Envelope* current) {
   }
 }
 
-size_t TcpPair::unacknowledgedBytes() const {
+size_t TcpPair::unacknowledgedBytes() const noexcept {
   int queued = 0;
   if (::ioctl(socket_.fd(), SIOCOUTQ, &queued) != 0) return 0;
   return queued > 0 ? static_cast<size_t>(queued) : 0;

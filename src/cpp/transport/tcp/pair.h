@@ -19,7 +19,7 @@ struct WireHeader {
   Envelope envelope;
   uint64_t bytes = 0;  // payload bytes that follow
 };
-static_assert(sizeof(WireHeader) == 48, "WireHeader is part of the wire format");
+static_assert(sizeof(WireHeader) == 56, "WireHeader is part of the wire format");
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 
 // A Pair over one non-blocking TCP socket.
@@ -53,7 +53,15 @@ class TcpPair final : public Pair {
   // Reads whatever the socket holds into the staging buffer until a whole header is
   // there; the message then waits in staging (and the socket) for its receive.
   bool peekIncoming(Envelope* envelope, size_t* bytes) override;
+  bool endedCleanly() const noexcept override { return endedCleanly_; }
+  bool peerTookEverything() const noexcept override { return sends_.empty() && unacknowledgedBytes() == 0; }
+  void postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) override;
+  bool recvRefused() const noexcept override { return refused_; }
+  bool withdrawTentativeRecv() noexcept override;
+  bool detachSends(net::Deadline deadline) override;
+  void detachRecvs() override;
   void checkIncoming(const Envelope* current) override;
+  bool hungUp() noexcept override { return net::hungUp(socket_.fd()); }
   void armWait(pollfd* pfd) override;
   void armWaitForIncoming(pollfd* pfd) override;
   void disarmWait() override;
@@ -72,12 +80,15 @@ class TcpPair final : public Pair {
   struct SendOp {
     WireHeader header;
     const uint8_t* data;
+    std::unique_ptr<uint8_t[]> copy;  // the payload, once detached (data points here)
   };
   struct RecvOp {
     Envelope expected;
     uint8_t* data;
     size_t bytes;
     Accumulate accumulate;
+    bool discard = false;    // detached: the payload is read and dropped
+    bool tentative = false;  // postTentativeRecv
   };
 
   // Each returns whether it moved any byte (or finished a message); throws on errors.
@@ -91,7 +102,7 @@ class TcpPair final : public Pair {
   // Checks the header of the message that arrived for recvs_.front().
   void checkHeader(const WireHeader& header) const;
   // Bytes this side sent that the peer's kernel has not acknowledged yet (SIOCOUTQ).
-  size_t unacknowledgedBytes() const;
+  size_t unacknowledgedBytes() const noexcept;
   // PeerError for the send or receive in progress: the peer closed the connection
   // (error 0: end of stream), or another errno value.
   [[noreturn]] void throwClosed(int error, bool sending) const;
@@ -109,12 +120,15 @@ class TcpPair final : public Pair {
 
   std::deque<RecvOp> recvs_;
   bool headerDone_ = false;  // recvs_.front()'s header has been read and checked
+  bool refused_ = false;     // the tentative recvs_.front() refused the message in staging
   size_t delivered_ = 0;     // payload bytes of recvs_.front() stored or reduced
   std::unique_ptr<uint8_t[]> staging_;
   size_t stagingBegin_ = 0;
   size_t stagingEnd_ = 0;
 
   std::exception_ptr failure_;
+  bool endOfStream_ = false;   // a read found the end of the peer's stream
+  bool endedCleanly_ = false;  // ... between two messages, found by peekIncoming()
 };
 
 }  // namespace ringtree::transport::tcp
