@@ -28,6 +28,7 @@ LAYERS = {
     "common": ((), "common/ is the bottom layer: it includes nothing else of the core"),
     "store": (("common",), "the stores see common/ only"),
     "transport": (("common",), "the transport interfaces see common/ only"),
+    "transport/mux": (("common", "transport"), "mux/ sees the transport interfaces and common/, never a concrete transport"),
     "transport/tcp": (("common", "transport"), "tcp/ sees the transport interfaces and common/; tcp/ and shm/ never include each other"),
     "transport/shm": (("common", "transport"), "shm/ sees the transport interfaces and common/; tcp/ and shm/ never include each other"),
     "arena": (("common", "transport", "transport/shm/segment.h"),
@@ -35,7 +36,7 @@ LAYERS = {
     "diagnostics": (("common", "transport", "arena"), "diagnostics see the transport interfaces, the node arena and common/"),
     "rendezvous": (("common", "transport", "transport/tcp", "transport/shm", "arena"),
                    "rendezvous/ is the one place where store and transports meet"),
-    ".": (("common", "transport", "diagnostics", "rendezvous"),
+    ".": (("common", "transport", "transport/mux", "diagnostics", "rendezvous"),
           "the communicator sees the transport interfaces, diagnostics and rendezvous/, never a concrete transport"),
     "algorithms": (("common", "transport/pair.h", "communicator_impl.h", "diagnostics"),
                    "algorithms see transport interfaces only, never a concrete transport (nor the node arena: only "

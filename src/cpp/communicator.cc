@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "communicator_impl.h"
 #include "diagnostics/peer_status.h"
 #include "rendezvous/connect.h"
+#include "rendezvous/group_arena.h"
 
 namespace ringtree {
 
@@ -116,12 +118,14 @@ int HostLayout::localIndexOf(int rank) const {
 
 CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
                                    std::vector<std::unique_ptr<transport::Pair>> pairs,
-                                   std::shared_ptr<arena::NodeArena> arena,
-                                   size_t flightRecorderEntries, std::shared_ptr<Store> statusStore,
-                                   std::vector<int> hostOf)
+                                   std::shared_ptr<Connections> connections, std::vector<int> connectionOf,
+                                   std::shared_ptr<arena::NodeArena> arena, size_t flightRecorderEntries,
+                                   std::shared_ptr<Store> statusStore, std::vector<int> hostOf)
     : rank_(rank),
       size_(size),
       timeout_(timeout),
+      connections_(std::move(connections)),
+      connectionOf_(std::move(connectionOf)),
       pairs_(std::move(pairs)),
       arena_(std::move(arena)),
       hosts_(HostLayout::of(rank, hostOf.empty() ? std::vector<int>(static_cast<size_t>(size), 0) : std::move(hostOf))),
@@ -284,6 +288,36 @@ TransportKind parseTransportKind(const std::string& name) {
   throw InvalidArgument("unknown transport '" + name + "'; expected 'auto', 'tcp' or 'shm'");
 }
 
+namespace {
+
+// The communicator's state over its pairs. Status publishing serves the timeout text of
+// communicators without a node arena (the arena carries the same information): its store
+// connection (a clone of `store`, when given) is made now, while the store is known to
+// answer (a clone made later could wait out the store's timeout for a server that is
+// gone); its thread starts with the first collective.
+std::unique_ptr<detail::CommunicatorImpl> makeImpl(int rank, int size, const CommunicatorOptions& options,
+                                                   std::vector<std::unique_ptr<transport::Pair>> pairs,
+                                                   std::shared_ptr<detail::Connections> connections,
+                                                   std::vector<int> connectionOf,
+                                                   std::shared_ptr<arena::NodeArena> arena, Store* store,
+                                                   std::vector<int> hostOf) {
+  std::shared_ptr<Store> statusStore;
+  if (store != nullptr && size > 1 && arena == nullptr && !options.pointToPointOnly) {
+    try {
+      statusStore = store->clone();
+    } catch (const std::exception& e) {
+      RINGTREE_WARN("rank " << rank << ": cannot open a second store connection for status publishing (timeouts "
+                            "will not say what the other ranks were doing): " << e.what());
+    }
+  }
+  return std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs),
+                                                    std::move(connections), std::move(connectionOf), std::move(arena),
+                                                    env::flightRecorderEntries(), std::move(statusStore),
+                                                    std::move(hostOf));
+}
+
+}  // namespace
+
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    const CommunicatorOptions& options) {
   if (store == nullptr) throw InvalidArgument("Communicator::create: store is null");
@@ -292,28 +326,114 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                           std::to_string(size));
   }
   const rendezvous::ConnectOptions connectOptions = rendezvous::connectOptionsFrom(options);
-  const size_t flightRecorderEntries = env::flightRecorderEntries();
   std::shared_ptr<arena::NodeArena> arena;
   std::vector<int> hostOf;
-  auto pairs = rendezvous::connectFullMesh(*store, rank, size, connectOptions,
-                                           options.pointToPointOnly ? nullptr : &arena, &hostOf);
-  // Status publishing serves the timeout text of communicators without a node arena (the
-  // arena carries the same information). Its store connection is made now, while the
-  // store is known to answer (a clone made later could wait out the store's timeout for
-  // a server that is gone); its thread starts with the first collective.
-  std::shared_ptr<Store> statusStore;
-  if (size > 1 && arena == nullptr && !options.pointToPointOnly) {
-    try {
-      statusStore = store->clone();
-    } catch (const std::exception& e) {
-      RINGTREE_WARN("rank " << rank << ": cannot open a second store connection for status publishing (timeouts "
-                            "will not say what the other ranks were doing): " << e.what());
-    }
+  auto connections = rendezvous::connectFullMesh(*store, rank, size, connectOptions,
+                                                 options.pointToPointOnly ? nullptr : &arena, &hostOf);
+  std::vector<std::shared_ptr<transport::mux::Link>> links(static_cast<size_t>(size));
+  std::vector<std::unique_ptr<transport::Pair>> pairs(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    auto link = std::make_shared<transport::mux::Link>(std::move(connections[static_cast<size_t>(peer)]));
+    pairs[static_cast<size_t>(peer)] = link->open(transport::mux::kBaseChannel, rank, peer, link->peerDescription());
+    links[static_cast<size_t>(peer)] = std::move(link);
   }
-  auto impl = std::make_unique<detail::CommunicatorImpl>(rank, size, options.timeout, std::move(pairs),
-                                                         std::move(arena), flightRecorderEntries,
-                                                         std::move(statusStore), std::move(hostOf));
-  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+  std::vector<int> identity(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) identity[static_cast<size_t>(r)] = r;
+  auto shared = std::make_shared<detail::Connections>(rank, std::move(links), hostOf);
+  return std::shared_ptr<Communicator>(new Communicator(makeImpl(rank, size, options, std::move(pairs),
+                                                                std::move(shared), std::move(identity),
+                                                                std::move(arena), store.get(), std::move(hostOf))));
+}
+
+namespace {
+
+// "rank 1 (global rank 3, host 'h', pid 7, shm)": how a communicator over shared
+// connections names the peer that its connection names "rank 3 (host 'h', pid 7, shm)".
+std::string memberDescription(int rank, int index, const std::string& connectionDescription) {
+  if (rank == index) return connectionDescription;
+  const std::string prefix = "rank " + std::to_string(index) + " (";
+  if (connectionDescription.compare(0, prefix.size(), prefix) == 0) {
+    return "rank " + std::to_string(rank) + " (global rank " + std::to_string(index) + ", " +
+           connectionDescription.substr(prefix.size());
+  }
+  return "rank " + std::to_string(rank) + " (" + connectionDescription + ")";
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::createOver(const Communicator& base, const std::vector<int>& ranks,
+                                                       const std::string& name, const CommunicatorOptions& options,
+                                                       std::shared_ptr<Store> store) {
+  const detail::CommunicatorImpl& parent = base.impl();
+  const std::string what = "Communicator::createOver('" + name + "')";
+  if (ranks.empty()) throw InvalidArgument(what + ": the list of ranks is empty");
+  if (options.timeout.count() < 0) {
+    throw InvalidArgument(what + ": the timeout must not be negative (got " + std::to_string(options.timeout.count()) +
+                          " ms)");
+  }
+  int rank = -1;
+  std::vector<int> indices;
+  std::vector<bool> seen(static_cast<size_t>(parent.size()), false);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= parent.size()) {
+      throw InvalidArgument(what + ": rank " + std::to_string(r) + " is not a rank of the base communicator (of size " +
+                            std::to_string(parent.size()) + ")");
+    }
+    if (seen[static_cast<size_t>(r)]) throw InvalidArgument(what + ": rank " + std::to_string(r) + " is listed twice");
+    seen[static_cast<size_t>(r)] = true;
+    if (r == parent.rank()) rank = static_cast<int>(i);
+    indices.push_back(parent.connectionOf(r));
+  }
+  if (rank < 0) {
+    throw InvalidArgument(what + ": this process (rank " + std::to_string(parent.rank()) +
+                          " of the base communicator) is not one of the ranks");
+  }
+  if (parent.connectionsReleased()) {
+    throw Error(what + ": the base communicator was aborted and has released its connections");
+  }
+  const std::shared_ptr<detail::Connections>& connections = parent.connections();
+  // The channel's name: the communicator's, its members (as connection indices), and how
+  // many times this process opened that pair before, so that every member derives the
+  // same id and a re-created communicator never meets the late messages of an earlier one.
+  std::string key = name + "|";
+  for (const int index : indices) key += std::to_string(index) + ",";
+  key += "#" + std::to_string(connections->nextIncarnation(key));
+  const transport::mux::ChannelId channel = transport::mux::channelIdOf(key);
+  const int size = static_cast<int>(ranks.size());
+  std::vector<std::unique_ptr<transport::Pair>> pairs(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    transport::mux::Link& link = connections->link(indices[static_cast<size_t>(peer)]);
+    pairs[static_cast<size_t>(peer)] =
+        link.open(channel, rank, peer, memberDescription(peer, indices[static_cast<size_t>(peer)], link.peerDescription()));
+  }
+  // Hosts numbered in the order of their lowest rank in this communicator.
+  std::vector<int> hostOf;
+  std::vector<int> renumbered;
+  for (const int index : indices) {
+    const int host = connections->hostOf().at(static_cast<size_t>(index));
+    const auto known = std::find(renumbered.begin(), renumbered.end(), host);
+    hostOf.push_back(static_cast<int>(known - renumbered.begin()));
+    if (known == renumbered.end()) renumbered.push_back(host);
+  }
+  // Members all on this host, over shared memory: a node arena of their own, as the
+  // rendezvous gives the communicator it makes (offered over the new channel).
+  std::shared_ptr<arena::NodeArena> arena;
+  std::vector<transport::Pair*> raw;
+  bool sharedMemory = renumbered.size() == 1;
+  for (const auto& pair : pairs) {
+    raw.push_back(pair.get());
+    if (pair != nullptr && std::strcmp(pair->kind(), "shm") != 0) sharedMemory = false;
+  }
+  if (size > 1 && sharedMemory && !options.pointToPointOnly) {
+    const bool allowed = rendezvous::connectOptionsFrom(options).arena;
+    arena = rendezvous::shareNodeArena(raw, rank, size, allowed, net::deadlineAfter(options.timeout));
+  }
+  return std::shared_ptr<Communicator>(new Communicator(makeImpl(rank, size, options, std::move(pairs), connections,
+                                                                std::move(indices), std::move(arena), store.get(),
+                                                                std::move(hostOf))));
 }
 
 Communicator::Communicator(std::unique_ptr<detail::CommunicatorImpl> impl) : impl_(std::move(impl)) {}

@@ -14,8 +14,12 @@
 #include <ringtree/communicator.h>
 #include <ringtree/error.h>
 
+#include <map>
+#include <mutex>
+
 #include "common/socket.h"
 #include "diagnostics/flight_recorder.h"
+#include "transport/mux/link.h"
 #include "transport/pair.h"
 
 namespace ringtree::arena {
@@ -88,19 +92,53 @@ struct HostLayout {
   static HostLayout of(int rank, std::vector<int> hostOf);
 };
 
+// The connections a rendezvous made (one Link per peer), shared by every communicator
+// over them: the one the rendezvous made, and those made over it (Communicator::createOver),
+// each on channels of its own. Links close when the last communicator over them goes.
+class Connections {
+ public:
+  Connections(int rank, std::vector<std::shared_ptr<transport::mux::Link>> links, std::vector<int> hostOf)
+      : rank_(rank), links_(std::move(links)), hostOf_(std::move(hostOf)) {}
+
+  // This process's index among the connections' ranks (the rendezvous's rank).
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(links_.size()); }
+  // The link to `index` (index != rank()).
+  transport::mux::Link& link(int index) const { return *links_.at(static_cast<size_t>(index)); }
+  // Every index's host (as HostLayout::hostOf).
+  const std::vector<int>& hostOf() const { return hostOf_; }
+
+  // How many times this process has opened a communicator named `key` over these
+  // connections, this one included: every member of a communicator opens and closes the
+  // same ones, so a name used again gets a channel of its own on every member alike.
+  int nextIncarnation(const std::string& key) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return ++incarnations_[key];
+  }
+
+ private:
+  const int rank_;
+  const std::vector<std::shared_ptr<transport::mux::Link>> links_;  // null at rank_
+  const std::vector<int> hostOf_;
+  std::mutex mutex_;
+  std::map<std::string, int> incarnations_;
+};
+
 // What algorithms see of a communicator: the pairs to each peer, a way to wait on
 // several of them at once, shared scratch space, and the diagnostics (flight recorder,
 // status publishing, abort). Owned by Communicator.
 class CommunicatorImpl {
  public:
-  // flightRecorderEntries: how many calls the flight recorder keeps. statusStore: a store
-  // no one else uses (a clone) through which this rank publishes its status
-  // (diagnostics::StatusPublisher) once it starts its first collective; null: none is
-  // published. hostOf: every rank's host index (empty: all on one host).
+  // pairs: one per peer (null at rank), channels of `connections`' links, whose index of
+  // each rank connectionOf gives. flightRecorderEntries: how many calls the flight recorder
+  // keeps. statusStore: a store no one else uses (a clone) through which this rank
+  // publishes its status (diagnostics::StatusPublisher) once it starts its first
+  // collective; null: none is published. hostOf: every rank's host index (empty: all on
+  // one host).
   CommunicatorImpl(int rank, int size, std::chrono::milliseconds timeout,
-                   std::vector<std::unique_ptr<transport::Pair>> pairs,
-                   std::shared_ptr<arena::NodeArena> arena, size_t flightRecorderEntries,
-                   std::shared_ptr<Store> statusStore, std::vector<int> hostOf = {});
+                   std::vector<std::unique_ptr<transport::Pair>> pairs, std::shared_ptr<Connections> connections,
+                   std::vector<int> connectionOf, std::shared_ptr<arena::NodeArena> arena,
+                   size_t flightRecorderEntries, std::shared_ptr<Store> statusStore, std::vector<int> hostOf = {});
   ~CommunicatorImpl();
 
   int rank() const { return rank_; }
@@ -109,6 +147,11 @@ class CommunicatorImpl {
 
   // The connection to peer (peer != rank()).
   transport::Pair& pair(int peer) { return *pairs_.at(static_cast<size_t>(peer)); }
+
+  // The connections this communicator's pairs are channels of, and each rank's index
+  // among them (for communicators made over this one).
+  const std::shared_ptr<Connections>& connections() const { return connections_; }
+  int connectionOf(int rank) const { return connectionOf_.at(static_cast<size_t>(rank)); }
 
   using StallCheck = detail::StallCheck;
   // A wait runs its StallCheck once it has lasted this long, then at most this often.
@@ -214,6 +257,8 @@ class CommunicatorImpl {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<Connections> connections_;
+  std::vector<int> connectionOf_;
   std::vector<std::unique_ptr<transport::Pair>> pairs_;  // index = peer rank; null at rank_
   // shared_ptr: its deleter is bound where the arena is made, so this header and
   // communicator.cc need not see NodeArena's definition.

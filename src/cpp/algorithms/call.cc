@@ -99,7 +99,7 @@ Call beginCall(Communicator& communicator, Collective collective, Algorithm algo
   if (!comm.brokenReason().empty()) throwBroken(comm, envelope);
   const auto effective = timeout.count() > 0 ? timeout : comm.timeout();
   RINGTREE_DEBUG("rank " << comm.rank() << " starts " << describe(envelope));
-  Call call{comm, envelope, net::deadlineAfter(effective), elementSize(type)};
+  Call call{comm, envelope, net::deadlineAfter(effective), effective, elementSize(type)};
   // The start: the clock read deadlineAfter made (one read fewer on the fast path), unless
   // the deadline saturated.
   const int64_t start = call.deadline == net::kNoDeadline

@@ -39,6 +39,7 @@ struct Call {
   detail::CommunicatorImpl& comm;
   transport::Envelope envelope;  // what every message of this call carries
   net::Deadline deadline;
+  std::chrono::milliseconds timeout;  // how long after its start the deadline comes
   size_t elementSize;
 
   int rank() const { return comm.rank(); }

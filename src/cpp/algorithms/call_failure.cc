@@ -277,8 +277,10 @@ void failCall(Call& call, std::exception_ptr error) {
     recordFailure(call, message, Failure::kNetwork, Trace::kDumpAndLog);
     throw NetworkError(message);
   } catch (const detail::WaitTimeout& e) {
+    // The call's own timeout, not the last wait's length (the call's earlier steps
+    // count too, and a wake-up a few ms past the deadline is no part of it).
     const std::string timedOut = "rank " + std::to_string(call.rank()) + ": timed out after " +
-                                 std::to_string(e.waited.count()) + " ms in " + describe(call.envelope) +
+                                 std::to_string(call.timeout.count()) + " ms in " + describe(call.envelope) +
                                  " waiting for " + e.waitingFor;
     std::string unavailable;
     const std::vector<diagnostics::PeerProgress> peers = peerProgress(call, &unavailable);
@@ -308,6 +310,10 @@ void failCall(Call& call, std::exception_ptr error) {
     const std::string message = "rank " + std::to_string(call.rank()) + ": " + describe(call.envelope) +
                                 " was aborted (abort() on its communicator or process group) while waiting for " +
                                 e.waitingFor;
+    // The peers learn it now, as a rank that closes its connections (which this one does
+    // next), and the pairs let go of this call's buffers while they are still valid (the
+    // connections may outlive this communicator: other communicators use them).
+    abandonPeers(call, -1, Failure::kNetwork, -1);
     recordFailure(call, message, Failure::kError, Trace::kNone);
     throw Error(message);
   } catch (const std::exception& e) {

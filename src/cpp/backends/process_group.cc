@@ -1,7 +1,9 @@
 #include <ringtree/process_group.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ringtree/error.h>
 #include <ringtree/store/prefix_store.h>
@@ -12,17 +14,44 @@
 
 namespace ringtree {
 
+namespace {
+
+std::vector<int> allRanks(int size) {
+  std::vector<int> ranks(static_cast<size_t>(std::max(size, 0)));
+  for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = r;
+  return ranks;
+}
+
+// The point-to-point communicator of a group: a channel of its own over base's connections.
+std::shared_ptr<Communicator> pointToPointOver(const Communicator& base, const std::vector<int>& ranks,
+                                               const std::string& name, CommunicatorOptions options) {
+  options.pointToPointOnly = true;
+  return Communicator::createOver(base, ranks, name, options);
+}
+
+}  // namespace
+
 std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                                    const CommunicatorOptions& options) {
   if (!store) {
     throw InvalidArgument("ProcessGroup::create needs a store, got null");
   }
   auto collectives = Communicator::create(std::make_shared<PrefixStore>("comm", store), rank, size, options);
-  CommunicatorOptions pointToPointOptions = options;
-  pointToPointOptions.pointToPointOnly = true;
-  auto pointToPoint =
-      Communicator::create(std::make_shared<PrefixStore>("p2p", store), rank, size, pointToPointOptions);
-  return std::make_shared<ProcessGroup>(std::move(collectives), std::move(pointToPoint), std::move(store));
+  return std::make_shared<ProcessGroup>(collectives, pointToPointOver(*collectives, allRanks(size), "p2p", options),
+                                        std::move(store));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::createOver(const ProcessGroup& parent, const std::vector<int>& ranks,
+                                                       const std::string& name, std::shared_ptr<Store> store,
+                                                       const CommunicatorOptions& options) {
+  if (!store) {
+    throw InvalidArgument("ProcessGroup::createOver needs a store, got null");
+  }
+  Communicator& base = parent.cpu_->communicator();
+  auto collectives = Communicator::createOver(base, ranks, "group " + name,
+                                              options, std::make_shared<PrefixStore>("comm", store));
+  return std::make_shared<ProcessGroup>(collectives, pointToPointOver(base, ranks, "group " + name + " p2p", options),
+                                        std::move(store));
 }
 
 namespace {

@@ -399,19 +399,20 @@ void PointToPointEngine::shutdown() {
     const auto lock = lockForCaller();
     if (shutDown_) return;
     shutDown_ = true;
+    // Tell every peer that nothing more comes from this rank (its receives from any source
+    // keep waiting for the others): best effort and bounded. The pairs drop what they hold
+    // then, while the operations' buffers are still valid (their Works are failed next,
+    // which lets their owners free them).
+    const transport::Envelope closed = p2p::notice(p2p::MessageKind::kClosedNotice);
+    for (Peer& peer : peers_) {
+      if (peer.pair != nullptr && !peer.failed) peer.pair->sendNotice(closed, net::deadlineAfter(kNoticeTimeout));
+    }
     failAllForShutdown(&done);
     wakeThread();
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) toJoin = std::move(thread_);
   }
   finishAll(&done);
   if (toJoin.joinable()) toJoin.join();
-  // Tell every peer that nothing more comes from this rank (its receives from any source
-  // keep waiting for the others). Best effort and bounded; the pairs are dropped after.
-  const auto lock = lockForCaller();
-  const transport::Envelope closed = p2p::notice(p2p::MessageKind::kClosedNotice);
-  for (Peer& peer : peers_) {
-    if (peer.pair != nullptr && !peer.failed) peer.pair->sendNotice(closed, net::deadlineAfter(kNoticeTimeout));
-  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -51,8 +51,9 @@ struct CommunicatorIdentity {
   bool world = true;
 };
 
-// rank + size + one connection per peer, made through a Store. The object every
-// collective of <ringtree/collectives.h> runs on.
+// rank + size + one connection per peer, made through a Store (create), or channels over
+// another communicator's connections (createOver). The object every collective of
+// <ringtree/collectives.h> runs on.
 //
 // Threading: a communicator runs one collective at a time; calls from several threads
 // must be serialised by the caller (the Python layer's per-group worker does this).
@@ -75,6 +76,27 @@ class RINGTREE_API Communicator {
   // within options.timeout, InvalidArgument for a bad rank/size.
   static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
                                               const CommunicatorOptions& options = {});
+
+  // A communicator of the ranks `ranks` of `base` (base ranks; ranks[i] becomes rank i),
+  // over base's connections: no connection is opened. Its messages travel on a channel of
+  // their own, matched apart from every other communicator's over those connections, so
+  // that communicators over one set of connections may be used at the same time from
+  // different threads. Every member calls it with the same ranks and `name`, which must
+  // differ from that of every other live communicator over those connections with the
+  // same members (the same name may be used again once the communicator is destroyed).
+  // When every member runs on this host over shared memory (and options.pointToPointOnly
+  // is false), the members set up a node arena of their own, a collective over them on
+  // the new channel: it returns once every member has called it (bounded by
+  // options.timeout). Otherwise nothing is exchanged and it returns at once. Only
+  // options.timeout and options.pointToPointOnly are read (the connections are base's).
+  // `store` (optional) is where it publishes its status for other ranks' timeout
+  // messages (as create() does). Throws InvalidArgument for an empty list, a rank listed
+  // twice or out of range, a list without this process's rank; Error when base was
+  // aborted and released its connections; TimeoutError naming the members that did not
+  // take part in the arena's setup in time.
+  static std::shared_ptr<Communicator> createOver(const Communicator& base, const std::vector<int>& ranks,
+                                                  const std::string& name, const CommunicatorOptions& options = {},
+                                                  std::shared_ptr<Store> store = nullptr);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;

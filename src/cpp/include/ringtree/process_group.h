@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <ringtree/buffer.h>
@@ -50,7 +51,7 @@ class CpuBackend;
 // On one engine, collectives run one at a time in submission order, whichever thread
 // submits them, so every rank must submit the same collectives in the same order.
 //
-// Point-to-point operations (send, recv, isend, irecv) run on connections of their own,
+// Point-to-point operations (send, recv, isend, irecv) run on a channel of their own,
 // never queued behind collectives; see <ringtree/p2p.h> for their matching (by peer and
 // tag, kAnySource) and progress rules. They need the group to have been made with
 // point-to-point connections (create() does that), else they throw Error.
@@ -76,10 +77,25 @@ class RINGTREE_API ProcessGroup {
   static constexpr int kAnySource = -1;
 
   // Connects the group: a collective over the `size` ranks sharing `store` (keys under
-  // "comm/" and "p2p/" for the CPU engine's two communicators, "device/<type>/" for
-  // device backends). Blocks until connected; throws what Communicator::create throws.
+  // "comm/" for the connections of the CPU engine, whose collectives and point-to-point
+  // messages travel on two channels of them, "device/<type>/" for device backends).
+  // Blocks until connected; throws what Communicator::create throws.
   static std::shared_ptr<ProcessGroup> create(std::shared_ptr<Store> store, int rank, int size,
                                               const CommunicatorOptions& options = {});
+
+  // A group of the ranks `ranks` of `parent` (parent ranks; ranks[i] becomes group rank
+  // i) over parent's connections (Communicator::createOver): it opens no connection; its
+  // collectives and point-to-point messages travel on channels of their own, so it may be
+  // used at the same time as parent and every other group, from any thread. Members on
+  // one host over shared memory set up a node arena of their own (a collective over them:
+  // it returns once every member called it); otherwise it returns at once. Every member calls it with the same ranks and `name`, which must differ
+  // from that of every other live group over those connections with the same members
+  // (torch's group names do). `store` is the group's own (keys under "comm/" for status
+  // publishing, "device/<type>/" for device backends); options.timeout is the group's.
+  // Throws what Communicator::createOver throws, InvalidArgument for a null store.
+  static std::shared_ptr<ProcessGroup> createOver(const ProcessGroup& parent, const std::vector<int>& ranks,
+                                                  const std::string& name, std::shared_ptr<Store> store,
+                                                  const CommunicatorOptions& options = {});
 
   // A group over existing communicators: `collectives` for the collectives,
   // `pointToPoint` (optional; one made for it alone) for send/recv, `store` (optional)
@@ -221,7 +237,7 @@ class RINGTREE_API ProcessGroup {
   void barrier(const BarrierOptions& options = {});
   std::shared_ptr<Work> barrierAsync(const BarrierOptions& options = {});
 
-  // --- Point-to-point, over the group's own connections (see above and <ringtree/p2p.h>).
+  // --- Point-to-point, on the group's own channel (see above and <ringtree/p2p.h>).
   // dst/src are group ranks other than this one; src may be kAnySource; tag >= 0.
 
   // Returns once tensor may be reused.

@@ -1,0 +1,466 @@
+// Channels: communicators over one set of connections (Communicator::createOver,
+// transport/mux/link.h), and the transport calls the links rest on (tentative receives,
+// detaching a message from its buffer); over TCP and shared memory, ranks on threads.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ringtree/collectives.h>
+#include <ringtree/communicator.h>
+#include <ringtree/error.h>
+#include <ringtree/p2p.h>
+
+#include "communicator_impl.h"
+#include "harness/test_util.h"
+#include "harness/thread_harness.h"
+#include "rendezvous/connect.h"
+#include "transport/pair.h"
+
+namespace ringtree {
+namespace {
+
+using namespace std::chrono_literals;
+using test::contains;
+using test::messageOf;
+using transport::Envelope;
+using transport::Pair;
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+std::string kindName(const ::testing::TestParamInfo<TransportKind>& info) { return transportKindName(info.param); }
+
+Envelope message(uint64_t sequence, size_t count) {
+  Envelope envelope;
+  envelope.sequence = sequence;
+  envelope.count = count;
+  envelope.dataType = static_cast<uint8_t>(DataType::kUInt8);
+  return envelope;
+}
+
+std::vector<uint8_t> pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> data(bytes);
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 12));
+  return data;
+}
+
+// Drives pair until it is idle, or throws at the deadline.
+void drive(Pair& pair, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pair.progress()) {
+    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the pair did not become idle");
+    std::this_thread::yield();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The transport calls of a multiplexer, on bare connections.
+
+class ConnectionTest : public ::testing::TestWithParam<TransportKind> {
+ protected:
+  // body(rank, pair to the other rank) on two threads over bare connections.
+  void runPair(const std::function<void(int rank, Pair& pair)>& body) {
+    const std::shared_ptr<Store> store = test::freshStore();
+    rendezvous::ConnectOptions options;
+    options.transport = GetParam();
+    options.timeout = 20s;
+    test::runOnThreads(2, [&](int rank) {
+      auto pairs = rendezvous::connectFullMesh(*store, rank, 2, options);
+      body(rank, *pairs[static_cast<size_t>(1 - rank)]);
+    });
+  }
+};
+
+TEST_P(ConnectionTest, TentativeReceiveTakesOnlyTheMessageItExpects) {
+  std::atomic<bool> sent{false};
+  runPair([&](int rank, Pair& pair) {
+    const std::vector<uint8_t> first = pattern(8, 1);
+    const std::vector<uint8_t> second = pattern(8, 2);
+    if (rank == 0) {
+      pair.postSend(message(1, 8), first.data(), 8);
+      pair.postSend(message(2, 8), second.data(), 8);
+      drive(pair);
+      sent = true;
+      return;
+    }
+    std::vector<uint8_t> in(8, 0);
+    // Nothing arrived yet: a tentative receive can be taken back.
+    pair.postTentativeRecv(message(2, 8), in.data(), 8, {});
+    EXPECT_TRUE(pair.withdrawTentativeRecv());
+    EXPECT_EQ(pair.pendingRecvs(), 0u);
+    test::waitForFlag(sent);
+    // The next message is seq 1: refused, left for whoever takes it.
+    pair.postTentativeRecv(message(2, 8), in.data(), 8, {});
+    ASSERT_TRUE(test::eventually([&] { return pair.progress() || pair.recvRefused(); }));
+    EXPECT_TRUE(pair.recvRefused());
+    EXPECT_EQ(pair.pendingRecvs(), 1u);
+    EXPECT_EQ(in, std::vector<uint8_t>(8, 0));
+    EXPECT_TRUE(pair.withdrawTentativeRecv());
+    EXPECT_FALSE(pair.recvRefused());
+    Envelope seen;
+    size_t bytes = 0;
+    ASSERT_TRUE(pair.peekIncoming(&seen, &bytes));
+    EXPECT_EQ(seen, message(1, 8));
+    pair.postRecv(message(1, 8), in.data(), 8);
+    drive(pair);
+    EXPECT_EQ(in, first);
+    // The next one is seq 2: taken.
+    pair.postTentativeRecv(message(2, 8), in.data(), 8, {});
+    drive(pair);
+    EXPECT_EQ(in, second);
+    EXPECT_FALSE(pair.recvRefused());
+  });
+}
+
+TEST_P(ConnectionTest, ATentativeReceiveThatStartedCannotBeWithdrawn) {
+  // Larger than the socket buffers: rank 0 hands over what its connection takes, then
+  // waits until rank 1 has started the receive with it (TCP); shared memory pulls the
+  // whole direct-copy message in the call that takes its header.
+  constexpr size_t kBytes = 64 * kMiB;
+  std::atomic<bool> partlySent{false};
+  std::atomic<bool> started{false};
+  runPair([&](int rank, Pair& pair) {
+    if (rank == 0) {
+      const std::vector<uint8_t> out = pattern(kBytes, 3);
+      pair.postSend(message(1, kBytes), out.data(), kBytes);
+      EXPECT_FALSE(pair.progress());
+      partlySent = true;
+      test::waitForFlag(started);
+      drive(pair, 20s);
+      return;
+    }
+    test::waitForFlag(partlySent);
+    std::vector<uint8_t> in(kBytes, 0);
+    pair.postTentativeRecv(message(1, kBytes), in.data(), kBytes, {});
+    const bool finished = pair.progress();
+    EXPECT_FALSE(pair.recvRefused());
+    EXPECT_FALSE(pair.withdrawTentativeRecv());  // taken (TCP: taking), not withdrawn
+    EXPECT_TRUE(finished || GetParam() == TransportKind::kTcp);
+    started = true;
+    drive(pair, 20s);
+    EXPECT_EQ(pair.pendingRecvs(), 0u);
+    EXPECT_TRUE(in == pattern(kBytes, 3));
+  });
+}
+
+TEST_P(ConnectionTest, ADetachedSendArrivesWholeFromThePairsCopy) {
+  // Larger than the socket buffers and the ring, and (shm) a direct-copy message: the
+  // sender detaches it while the peer reads nothing, then overwrites its buffer.
+  constexpr size_t kBytes = 64 * kMiB;
+  std::atomic<bool> detached{false};
+  runPair([&](int rank, Pair& pair) {
+    if (rank == 0) {
+      std::vector<uint8_t> out = pattern(kBytes, 4);
+      pair.postSend(message(1, kBytes), out.data(), kBytes);
+      EXPECT_FALSE(pair.progress());
+      ASSERT_TRUE(pair.detachSends(net::deadlineAfter(5s)));
+      std::fill(out.begin(), out.end(), uint8_t{0xab});
+      detached = true;
+      drive(pair, 20s);
+      return;
+    }
+    test::waitForFlag(detached);
+    std::vector<uint8_t> in(kBytes, 0);
+    pair.postRecv(message(1, kBytes), in.data(), kBytes);
+    drive(pair, 20s);
+    EXPECT_TRUE(in == pattern(kBytes, 4)) << "the payload changed after it was detached";
+  });
+}
+
+TEST_P(ConnectionTest, ADetachedReceiveTakesItsMessageAndStoresNothing) {
+  constexpr size_t kBytes = 16 * kMiB;
+  std::atomic<bool> sent{false};
+  runPair([&](int rank, Pair& pair) {
+    const std::vector<uint8_t> small = pattern(8, 5);
+    if (rank == 0) {
+      const std::vector<uint8_t> out = pattern(kBytes, 6);
+      pair.postSend(message(1, kBytes), out.data(), kBytes);
+      pair.postSend(message(2, 8), small.data(), 8);
+      sent = true;
+      drive(pair, 20s);
+      return;
+    }
+    test::waitForFlag(sent);
+    std::vector<uint8_t> in(kBytes, 0);
+    pair.postRecv(message(1, kBytes), in.data(), kBytes);
+    pair.detachRecvs();
+    std::vector<uint8_t> next(8, 0);
+    pair.postRecv(message(2, 8), next.data(), 8);
+    drive(pair, 20s);
+    EXPECT_TRUE(std::all_of(in.begin(), in.end(), [](uint8_t b) { return b == 0; }));
+    EXPECT_EQ(next, small);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ConnectionTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         kindName);
+
+// ---------------------------------------------------------------------------------------
+// Communicators over shared connections.
+
+class ChannelTest : public ::testing::TestWithParam<TransportKind> {
+ protected:
+  CommunicatorOptions options(std::chrono::milliseconds timeout = 20s) const {
+    return test::testOptions(GetParam(), timeout);
+  }
+};
+
+// Every rank's value r + 1 + i, summed over `ranks`.
+std::vector<int32_t> contribution(int worldRank, size_t count) {
+  std::vector<int32_t> data(count);
+  for (size_t i = 0; i < count; ++i) data[i] = worldRank + 1 + static_cast<int32_t>(i % 1000);
+  return data;
+}
+
+void expectSum(const std::vector<int32_t>& data, const std::vector<int>& worldRanks) {
+  int32_t base = 0;
+  for (const int r : worldRanks) base += r + 1;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const int32_t expected = base + static_cast<int32_t>(worldRanks.size()) * static_cast<int32_t>(i % 1000);
+    if (data[i] != expected) {
+      ADD_FAILURE() << "element " << i << " is " << data[i] << ", expected " << expected;
+      return;
+    }
+  }
+}
+
+TEST_P(ChannelTest, CommunicatorsOverOneConnectionRunAtOnceFromThreads) {
+  // Three ranks; on each, the world and two communicators over its connections run
+  // allreduces of every size at once, each from a thread of its own, ring and tree.
+  constexpr int kRounds = 6;
+  test::runCommunicators(3, [&](int rank, Communicator& world) {
+    const std::vector<int> all{0, 1, 2};
+    const std::vector<int> pair{0, 2};
+    auto a = Communicator::createOver(world, all, "a", options());
+    std::shared_ptr<Communicator> b;
+    if (rank != 1) b = Communicator::createOver(world, pair, "b", options());
+    EXPECT_EQ(a->rank(), rank);
+    EXPECT_EQ(a->size(), 3);
+    const auto loop = [&](Communicator& comm, const std::vector<int>& members, Algorithm algorithm) {
+      for (int round = 0; round < kRounds; ++round) {
+        for (const size_t count : {size_t{1}, size_t{1000}, size_t{300000}, 2 * kMiB}) {
+          std::vector<int32_t> data = contribution(rank, count);
+          AllreduceOptions o;
+          o.algorithm = algorithm;
+          o.maxSegmentBytes = 256 << 10;
+          allreduce(comm, data.data(), count, DataType::kInt32, o);
+          expectSum(data, members);
+        }
+      }
+    };
+    std::thread worldThread([&] { loop(world, all, Algorithm::kRing); });
+    std::thread bThread;
+    if (b) bThread = std::thread([&] { loop(*b, pair, Algorithm::kTree); });
+    loop(*a, all, Algorithm::kRing);
+    worldThread.join();
+    if (bThread.joinable()) bThread.join();
+  }, options());
+}
+
+TEST_P(ChannelTest, PointToPointAndCollectivesShareTheConnections) {
+  constexpr int kRounds = 8;
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    auto overP2p = Communicator::createOver(world, {0, 1}, "p2p", options());
+    PointToPoint p2p(overP2p);
+    std::thread messages([&] {
+      for (int round = 0; round < kRounds; ++round) {
+        for (const size_t bytes : {size_t{8}, size_t{100000}, 4 * kMiB}) {
+          const std::vector<uint8_t> out = pattern(bytes, static_cast<uint8_t>(rank + round));
+          std::vector<uint8_t> in(bytes, 0);
+          auto receiving = p2p.irecv(in.data(), bytes, DataType::kUInt8, 1 - rank, round);
+          p2p.send(out.data(), bytes, DataType::kUInt8, 1 - rank, round);
+          receiving->wait();
+          EXPECT_TRUE(in == pattern(bytes, static_cast<uint8_t>(1 - rank + round)));
+        }
+      }
+    });
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<int32_t> data = contribution(rank, kMiB);
+      allreduce(world, data.data(), data.size(), DataType::kInt32);
+      expectSum(data, {0, 1});
+    }
+    messages.join();
+  }, options());
+}
+
+TEST_P(ChannelTest, MessagesThatArriveBeforeTheirCommunicatorAreKept) {
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    if (rank == 1) std::this_thread::sleep_for(300ms);  // rank 0's messages arrive first
+    auto late = Communicator::createOver(world, {0, 1}, "late", options());
+    for (const size_t count : {size_t{4}, 2 * kMiB}) {
+      std::vector<int32_t> data = contribution(rank, count);
+      allreduce(*late, data.data(), count, DataType::kInt32);
+      expectSum(data, {0, 1});
+    }
+  }, options());
+}
+
+TEST_P(ChannelTest, AMismatchFailsItsCommunicatorAlone) {
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    auto group = Communicator::createOver(world, {0, 1}, "mismatched", options());
+    std::vector<int32_t> data = contribution(rank, 64);
+    const std::string text = messageOf<CollectiveMismatchError>([&] {
+      if (rank == 0) {
+        allreduce(*group, data.data(), data.size(), DataType::kInt32);
+      } else {
+        BroadcastOptions o;
+        o.algorithm = Algorithm::kTree;
+        broadcast(*group, data.data(), data.size(), DataType::kInt32, o);
+      }
+    });
+    EXPECT_TRUE(contains(text, "collective mismatch")) << text;
+    // The group is unusable; the world over the same connections is not.
+    EXPECT_THROW(allreduce(*group, data.data(), data.size(), DataType::kInt32), CollectiveMismatchError);
+    for (const size_t count : {size_t{64}, kMiB}) {
+      std::vector<int32_t> fresh = contribution(rank, count);
+      allreduce(world, fresh.data(), count, DataType::kInt32);
+      expectSum(fresh, {0, 1});
+    }
+  }, options());
+}
+
+TEST_P(ChannelTest, ATimedOutLargeSendIsDetachedAndTheConnectionLives) {
+  // Rank 0 gives up on a group call whose large message rank 1 is not reading (rank 1 is
+  // in no call of that group), then overwrites its buffer. The world over the same
+  // connections goes on; rank 1's call in the group, when it comes, fails naming why.
+  constexpr size_t kCount = 16 * kMiB / sizeof(int32_t);
+  std::atomic<bool> gaveUp{false};
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    auto group = Communicator::createOver(world, {0, 1}, "slow", options(1s));
+    std::vector<int32_t> data = contribution(rank, kCount);
+    if (rank == 0) {
+      BroadcastOptions o;
+      o.algorithm = Algorithm::kChain;
+      const std::string text =
+          messageOf<TimeoutError>([&] { broadcast(*group, data.data(), kCount, DataType::kInt32, o); });
+      EXPECT_TRUE(contains(text, "timed out")) << text;
+      std::fill(data.begin(), data.end(), -1);
+      gaveUp = true;
+    } else {
+      test::waitForFlag(gaveUp);
+    }
+    for (const size_t count : {size_t{16}, kMiB}) {
+      std::vector<int32_t> fresh = contribution(rank, count);
+      allreduce(world, fresh.data(), count, DataType::kInt32);
+      expectSum(fresh, {0, 1});
+    }
+    if (rank == 1) {
+      // Rank 0's detached message arrived whole (with its content from before rank 0
+      // overwrote it), its notice after it: the broadcast gets the message, or the notice
+      // if rank 0 had not sent all of it; the next call gets the notice.
+      BroadcastOptions o;
+      o.algorithm = Algorithm::kChain;
+      std::string text;
+      try {
+        broadcast(*group, data.data(), kCount, DataType::kInt32, o);
+        EXPECT_TRUE(data == contribution(0, kCount));
+        text = messageOf<Error>([&] { allreduce(*group, data.data(), 16, DataType::kInt32); });
+      } catch (const Error& e) {
+        text = e.what();
+      }
+      EXPECT_TRUE(contains(text, "rank 0")) << text;
+    }
+  }, options());
+}
+
+TEST_P(ChannelTest, ADestroyedCommunicatorIsReportedToThePeerWaitingOnIt) {
+  std::atomic<bool> waiting{false};
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    auto group = Communicator::createOver(world, {0, 1}, "left", options());
+    if (rank == 1) {
+      test::waitForFlag(waiting);
+      std::this_thread::sleep_for(200ms);
+      group.reset();  // rank 0 waits in the group's allreduce
+    } else {
+      std::vector<int32_t> data = contribution(rank, 16);
+      const auto start = std::chrono::steady_clock::now();
+      waiting = true;
+      const std::string text =
+          messageOf<NetworkError>([&] { allreduce(*group, data.data(), data.size(), DataType::kInt32); });
+      EXPECT_LT(test::elapsedSince(start), test::kPrompt);
+      EXPECT_TRUE(contains(text, "rank 1")) << text;
+      EXPECT_TRUE(contains(text, "closed")) << text;
+      EXPECT_TRUE(contains(text, "allreduce(seq=1")) << text;
+    }
+    std::vector<int32_t> fresh = contribution(rank, 16);
+    allreduce(world, fresh.data(), fresh.size(), DataType::kInt32);
+    expectSum(fresh, {0, 1});
+  }, options());
+}
+
+TEST_P(ChannelTest, ARecreatedCommunicatorGetsAChannelOfItsOwn) {
+  // A communicator destroyed with a message of it still unread, then made again under the
+  // same name: the new one never sees the old one's message.
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    {
+      auto first = Communicator::createOver(world, {0, 1}, "again", options());
+      if (rank == 0) {
+        PointToPoint p2p(first);
+        const int32_t stale = 7;
+        p2p.send(&stale, 1, DataType::kInt32, 1, 0);
+      }
+      barrier(world);
+    }
+    barrier(world);
+    auto second = Communicator::createOver(world, {0, 1}, "again", options());
+    PointToPoint p2p(second);
+    int32_t value = rank == 0 ? 42 : 0;
+    if (rank == 0) {
+      p2p.send(&value, 1, DataType::kInt32, 1, 0);
+    } else {
+      p2p.recv(&value, 1, DataType::kInt32, 0, 0);
+      EXPECT_EQ(value, 42);
+    }
+  }, options());
+}
+
+TEST_P(ChannelTest, SubgroupRanksAndHostsFollowTheMembers) {
+  test::runCommunicators(4, [&](int rank, Communicator& world) {
+    if (rank == 0) return;
+    const std::vector<int> members{3, 1, 2};
+    auto group = Communicator::createOver(world, members, "order", options());
+    const int expected = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    EXPECT_EQ(group->rank(), expected);
+    EXPECT_EQ(group->size(), 3);
+    EXPECT_STREQ(group->transportTo(expected), "self");
+    const int next = (expected + 1) % 3;
+    EXPECT_STREQ(group->transportTo(next), world.transportTo(members[static_cast<size_t>(next)]));
+    // On one host over shared memory, a node arena of its own, as the world has.
+    EXPECT_EQ(group->impl().arena() != nullptr, GetParam() == TransportKind::kShm);
+    EXPECT_EQ(world.impl().arena() != nullptr, GetParam() == TransportKind::kShm);
+    std::vector<int32_t> data = contribution(rank, 1000);
+    allreduce(*group, data.data(), data.size(), DataType::kInt32);
+    expectSum(data, {1, 2, 3});
+  }, options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ChannelTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
+                         kindName);
+
+TEST(ChannelArguments, CreateOverRefusesBadRankLists) {
+  test::runCommunicators(2, [&](int rank, Communicator& world) {
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { Communicator::createOver(world, {}, "x"); }), "empty"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { Communicator::createOver(world, {0, 0}, "x"); }),
+                         "listed twice"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { Communicator::createOver(world, {0, 5}, "x"); }),
+                         "rank 5 is not a rank"));
+    EXPECT_TRUE(contains(messageOf<InvalidArgument>([&] { Communicator::createOver(world, {1 - rank}, "x"); }),
+                         "not one of the ranks"));
+    // Size one: no peer, works at once.
+    auto alone = Communicator::createOver(world, {rank}, "alone");
+    std::vector<int32_t> data{5};
+    allreduce(*alone, data.data(), 1, DataType::kInt32);
+    EXPECT_EQ(data[0], 5);
+  });
+}
+
+}  // namespace
+}  // namespace ringtree
