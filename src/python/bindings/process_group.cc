@@ -502,8 +502,27 @@ object with __dlpack__ or the buffer protocol, used in place; ranks are group ra
           },
           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("transport") = "auto",
           py::arg("interface") = "",
-          "Connects the group's ranks through store (a collective over the size ranks; keys under comm/ and p2p/); "
+          "Connects the group's ranks through store (a collective over the size ranks; keys under comm/); "
           "blocks until done.")
+      .def_static(
+          "create_over",
+          [](const ProcessGroup& parent, const std::vector<int>& ranks, const std::string& name,
+             std::shared_ptr<Store> store, Microseconds timeout) {
+            if (!store) {
+              throw InvalidArgument("ProcessGroup.create_over needs a store, got None");
+            }
+            CommunicatorOptions options;
+            options.timeout = toMilliseconds(timeout);
+            std::shared_ptr<ProcessGroup> group;
+            {
+              py::gil_scoped_release release;
+              group = ProcessGroup::createOver(parent, ranks, name, std::move(store), options);
+            }
+            return releasedWithoutGil(std::move(group));
+          },
+          py::arg("parent"), py::arg("ranks"), py::arg("name"), py::arg("store"), py::arg("timeout"),
+          "A group of the parent ranks `ranks` (ranks[i] becomes group rank i) over parent's connections, on "
+          "channels of its own: opens no connection, returns at once. Every member passes the same ranks and name.")
       .def("allreduce", &calls::allreduce, py::arg("tensor"), py::arg("op"), py::arg("async_op"),
            py::arg("algorithm") = py::none(), py::arg("timeout") = py::none(),
            "In place: tensor <- op over every rank's tensor. Returns a Work if async_op, else None.")

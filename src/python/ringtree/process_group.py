@@ -209,10 +209,17 @@ class _NoEngine:
 
 
 def _start_engine(pg: ProcessGroup) -> None:
-    """Connects the group's ranks (a collective: blocks until all arrive) and starts its
-    native backend with the group's timeout: the collective engine and the point-to-point
-    engine, each over connections of its own (store keys under ``comm/`` and ``p2p/``)."""
-    engine = _NativeProcessGroup.create(pg.store, pg.rank(), pg.size(), pg.timeout)
+    """Starts the group's native backend with the group's timeout. The world's connects
+    its ranks (a collective: blocks until all arrive; store keys under ``comm/``); every
+    other group runs over the world's connections, on channels of its own, and opens
+    none (it returns at once). Collectives and point-to-point messages travel on separate
+    channels."""
+    parent = world.default_pg
+    parent_engine = None if parent is None else parent._engine
+    if isinstance(parent_engine, _NativeProcessGroup):
+        engine = _NativeProcessGroup.create_over(parent_engine, list(pg.ranks), pg.group_name, pg.store, pg.timeout)
+    else:
+        engine = _NativeProcessGroup.create(pg.store, pg.rank(), pg.size(), pg.timeout)
     # Flight-record dumps name the rank by its global rank; the group created first (by
     # init_process_group) is the world.
     _C._set_identity(engine.communicator, pg.group_name, pg.ranks[pg.rank()], world.default_pg is None)

@@ -43,6 +43,13 @@ _NO_TIMEOUT = timedelta(0)  # torch's unset per-call timeout is negative (-1 ms)
 # thread that takes the GIL then is ended by Python in the middle of C++ code).
 _live_groups: weakref.WeakSet = weakref.WeakSet()
 
+# The world group of this backend (the one torch made with no member list), whose
+# connections every other group of the backend runs over: a group opens no connection of
+# its own (its messages travel on channels of their own over the world's). None until
+# torch makes a world of this backend (a "ringtree" group in a world of another backend
+# connects its members itself).
+_world: weakref.ReferenceType | None = None
+
 
 @atexit.register
 def _abort_live_groups() -> None:
@@ -127,13 +134,20 @@ class RingtreeProcessGroup(dist.ProcessGroup):
         self._group_name = group_name
         self._group_desc = "undefined"
         self._timeout = timeout
+        global _world
         ranks = global_ranks or list(range(size))
         native_store = _C.ForeignStore(store)
         self._monitored_barrier = MonitoredBarrier(native_store, rank, size, group_name)
+        world = _world() if _world is not None and global_ranks else None
         try:
-            self._native = _C.ProcessGroup.create(native_store, rank, size, timeout)
+            if world is not None and not world._native.is_shutdown:
+                self._native = _C.ProcessGroup.create_over(world._native, ranks, group_name, native_store, timeout)
+            else:
+                self._native = _C.ProcessGroup.create(native_store, rank, size, timeout)
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
             raise torch_error(error) from None
+        if not global_ranks:
+            _world = weakref.ref(self)
         _live_groups.add(self)
         _C._set_identity(self._native.communicator, group_name, ranks[rank], not global_ranks)
 
