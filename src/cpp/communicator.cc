@@ -130,12 +130,19 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds
       arena_(std::move(arena)),
       hosts_(HostLayout::of(rank, hostOf.empty() ? std::vector<int>(static_cast<size_t>(size), 0) : std::move(hostOf))),
       recorder_(flightRecorderEntries),
-      statusStore_(std::move(statusStore)),
-      abortEvent_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-  if (!abortEvent_.valid()) {
-    throw NetworkError("rank " + std::to_string(rank) + ": cannot create the abort descriptor: " +
-                       net::errnoText(errno));
+      statusStore_(std::move(statusStore)) {}
+
+int CommunicatorImpl::abortDescriptor() {
+  int fd = abortEvent_.load(std::memory_order_seq_cst);
+  if (fd >= 0) return fd;
+  fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) {
+    RINGTREE_WARN("rank " << rank_ << ": cannot create the abort descriptor (" << net::errnoText(errno)
+                          << "); waits sleep in slices of " << kMaxSleepMs << " ms instead");
+    return -1;
   }
+  abortEvent_.store(fd, std::memory_order_seq_cst);
+  return fd;
 }
 
 void CommunicatorImpl::startStatusPublisher() {
@@ -151,14 +158,17 @@ void CommunicatorImpl::startStatusPublisher() {
 
 CommunicatorImpl::~CommunicatorImpl() {
   if (publisher_) publisher_->stop();
+  const int fd = abortEvent_.load();
+  if (fd >= 0) ::close(fd);
 }
 
 void CommunicatorImpl::abort() {
-  if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
+  if (aborted_.exchange(true, std::memory_order_seq_cst)) return;
+  const int fd = abortEvent_.load(std::memory_order_seq_cst);
+  if (fd < 0) return;  // no wait has slept yet: the next one reads the flag first
   const uint64_t one = 1;
-  // Cannot fail on a fresh eventfd (the counter is far from overflowing); waits also
-  // check the flag before they sleep.
-  [[maybe_unused]] const ssize_t written = ::write(abortEvent_.fd(), &one, sizeof(one));
+  // Cannot fail on a fresh eventfd (the counter is far from overflowing).
+  [[maybe_unused]] const ssize_t written = ::write(fd, &one, sizeof(one));
 }
 
 void CommunicatorImpl::releaseConnections() {
@@ -185,14 +195,15 @@ void CommunicatorImpl::waitIdle(const std::vector<transport::Pair*>& pairs, net:
       cpuRelax();
       if (i >= kPauseIterations) sched_yield();
     }
-    if (aborted()) throw WaitAborted(rank_, describePeers(busy));
+    const int abortFd = abortDescriptor();  // before the flag is read (see abortEvent_)
+    if (aborted_.load(std::memory_order_seq_cst)) throw WaitAborted(rank_, describePeers(busy));
     if (Clock::now() >= deadline) {
       throw WaitTimeout(rank_, std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start),
                         describePeers(busy));
     }
     ArmedPairs armed(busy);
     armed.arm(&fds);
-    fds.push_back(pollfd{abortEvent_.fd(), POLLIN, 0});
+    fds.push_back(pollfd{abortFd, POLLIN, 0});  // -1: ignored by poll()
     // Something may have arrived between the last progress() and arming.
     bool anyBusy = false;
     for (size_t i = 0; i < busy.size(); ++i) {

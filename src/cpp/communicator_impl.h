@@ -275,7 +275,14 @@ class CommunicatorImpl {
   std::unique_ptr<diagnostics::StatusPublisher> publisher_;  // reads recorder_: declared after it
   CommunicatorIdentity identity_;
   std::atomic<bool> aborted_{false};
-  net::Socket abortEvent_;  // eventfd, readable once abort() was called
+  // eventfd, readable once abort() was called: made by the first wait that sleeps
+  // (communicators that never sleep in waitIdle, such as point-to-point ones, have none).
+  // The waiter stores it before it reads aborted_, abort() stores aborted_ before it reads
+  // it (all seq_cst): one of them sees the other.
+  std::atomic<int> abortEvent_{-1};
+  // Makes abortEvent_ when there is none; -1 when the kernel refuses (waits then sleep in
+  // short slices).
+  int abortDescriptor();
   bool released_ = false;
 };
 

@@ -19,6 +19,7 @@ namespace ringtree::arena {
 namespace {
 
 using transport::Envelope;
+using transport::shm::Prefault;
 using transport::shm::Segment;
 
 // How arena segments appear in /proc/<pid>/maps ("/memfd:ringtree-arena (deleted)").
@@ -128,7 +129,7 @@ NodeArena::ControlBlock& NodeArena::block(int rank) const {
                                           static_cast<size_t>(rank) * kControlBlockBytes);
 }
 
-std::shared_ptr<NodeArena> NodeArena::create(int size, size_t slotBytes) {
+std::shared_ptr<NodeArena> NodeArena::create(int size, size_t slotBytes, Prefault prefault) {
   if (size < 1) throw InvalidArgument("NodeArena::create: size must be >= 1, got " + std::to_string(size));
   slotBytes = std::max({slotBytes, kMinSlotBytes, size_t{256} * static_cast<size_t>(size)});
   slotBytes = roundUp(slotBytes, kPageBytes);
@@ -137,7 +138,7 @@ std::shared_ptr<NodeArena> NodeArena::create(int size, size_t slotBytes) {
     throw InvalidArgument("NodeArena::create: " + std::to_string(size) + " slots of " + std::to_string(slotBytes) +
                           " bytes do not fit in memory");
   }
-  Segment segment = Segment::create(kSegmentName, slotOffset + static_cast<size_t>(size) * slotBytes);
+  Segment segment = Segment::create(kSegmentName, slotOffset + static_cast<size_t>(size) * slotBytes, prefault);
   new (segment.data()) Header{kArenaMagic, kArenaVersion, static_cast<uint32_t>(size), slotBytes, slotOffset};
   for (int r = 0; r < size; ++r) {
     new (segment.data() + kControlOffset + static_cast<size_t>(r) * kControlBlockBytes) ControlBlock();
@@ -145,7 +146,8 @@ std::shared_ptr<NodeArena> NodeArena::create(int size, size_t slotBytes) {
   return std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), 0, size, slotBytes, slotOffset));
 }
 
-std::shared_ptr<NodeArena> NodeArena::attach(net::Socket descriptor, int rank, int size, size_t slotBytes) {
+std::shared_ptr<NodeArena> NodeArena::attach(net::Socket descriptor, int rank, int size, size_t slotBytes,
+                                             Prefault prefault) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw InvalidArgument("NodeArena::attach: rank " + std::to_string(rank) + " is not in [0, " +
                           std::to_string(size) + ")");
@@ -155,7 +157,7 @@ std::shared_ptr<NodeArena> NodeArena::attach(net::Socket descriptor, int rank, i
       slotBytes > (SIZE_MAX - slotOffset) / static_cast<size_t>(size)) {
     throw NetworkError("the node arena's slot size " + std::to_string(slotBytes) + " is invalid");
   }
-  Segment segment = Segment::map(std::move(descriptor), slotOffset + static_cast<size_t>(size) * slotBytes);
+  Segment segment = Segment::map(std::move(descriptor), slotOffset + static_cast<size_t>(size) * slotBytes, prefault);
   const auto* header = reinterpret_cast<const Header*>(segment.data());
   if (header->magic != kArenaMagic || header->version != kArenaVersion ||
       header->size != static_cast<uint32_t>(size) || header->slotBytes != slotBytes ||

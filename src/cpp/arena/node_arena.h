@@ -79,16 +79,20 @@ class NodeArena {
 
   // Creates the segment for `size` ranks as rank 0: slotBytes is rounded up to a whole
   // number of pages and to at least kMinSlotBytes and 256 bytes per rank (so that a
-  // step holds 16 bytes per rank). Allocates and pre-faults the whole segment. Throws
-  // NetworkError (with the errno text) when the kernel refuses, InvalidArgument for
-  // size < 1.
-  static std::shared_ptr<NodeArena> create(int size, size_t slotBytes = kDefaultSlotBytes);
+  // step holds 16 bytes per rank). With Prefault::kYes (a communicator's first arena:
+  // its data path never takes a page fault) allocates and faults in the whole segment;
+  // with kNo (a group's: made fast, memory taken as the collectives first touch it) only
+  // the header. Throws NetworkError (with the errno text) when the kernel refuses,
+  // InvalidArgument for size < 1.
+  static std::shared_ptr<NodeArena> create(int size, size_t slotBytes = kDefaultSlotBytes,
+                                           transport::shm::Prefault prefault = transport::shm::Prefault::kYes);
 
-  // Maps a segment received from rank 0 (takes ownership of the descriptor) as `rank`.
-  // slotBytes is the value of rank 0's slotBytes(). Throws NetworkError when the
-  // descriptor is not a sealed memfd of the expected size or its header does not
-  // describe `size` ranks of slotBytes.
-  static std::shared_ptr<NodeArena> attach(net::Socket descriptor, int rank, int size, size_t slotBytes);
+  // Maps a segment received from rank 0 (takes ownership of the descriptor) as `rank`,
+  // faulting its pages in or not as `prefault` says. slotBytes is the value of rank 0's
+  // slotBytes(). Throws NetworkError when the descriptor is not a sealed memfd of the
+  // expected size or its header does not describe `size` ranks of slotBytes.
+  static std::shared_ptr<NodeArena> attach(net::Socket descriptor, int rank, int size, size_t slotBytes,
+                                           transport::shm::Prefault prefault = transport::shm::Prefault::kYes);
 
   ~NodeArena();
   NodeArena(const NodeArena&) = delete;

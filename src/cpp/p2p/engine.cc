@@ -43,12 +43,6 @@ PointToPointEngine::PointToPointEngine(std::shared_ptr<Communicator> communicato
       timeout_(communicator_->timeout()),
       peers_(static_cast<size_t>(size_)),  // built in place: a Peer is not copyable
       engineAlive_(std::make_shared<std::atomic<bool>>(true)) {
-  const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (fd < 0) {
-    throw NetworkError("rank " + std::to_string(rank_) + ": point-to-point: cannot create an eventfd: " +
-                       net::errnoText(errno));
-  }
-  wakeFd_.reset(fd);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) peers_[static_cast<size_t>(peer)].pair = &communicator_->impl().pair(peer);
   }
@@ -514,6 +508,13 @@ bool PointToPointEngine::progressAll(Completions* done) {
 
 void PointToPointEngine::startThreadIfNeeded() {
   if (thread_.joinable() || shutDown_) return;
+  if (!wakeFd_.valid()) {
+    wakeFd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wakeFd_.valid()) {
+      RINGTREE_WARN("rank " << rank_ << ": point-to-point: cannot create an eventfd (" << net::errnoText(errno)
+                            << "); the progress thread wakes by itself every " << kMaxSleepMs << " ms instead");
+    }
+  }
   threadState_ = ThreadState::kRunning;
   thread_ = std::thread([this, alive = engineAlive_] { run(alive); });
 }
@@ -521,7 +522,7 @@ void PointToPointEngine::startThreadIfNeeded() {
 void PointToPointEngine::wakeThread() {
   if (threadState_ == ThreadState::kIdle) {
     idleCv_.notify_one();
-  } else if (threadState_ == ThreadState::kPolling && !wakeSignalled_) {
+  } else if (threadState_ == ThreadState::kPolling && !wakeSignalled_ && wakeFd_.valid()) {
     const uint64_t one = 1;
     if (::write(wakeFd_.fd(), &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one))) wakeSignalled_ = true;
   }

@@ -79,9 +79,8 @@ namespace ringtree::detail {
 class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngine> {
  public:
   // The engine's own communicator: its pairs must carry nothing but this engine's
-  // messages. Throws InvalidArgument for a null communicator, NetworkError when the
-  // wake-up descriptor cannot be created. Must be owned by a shared_ptr: the Works it
-  // hands out reach it through weak ones.
+  // messages. Throws InvalidArgument for a null communicator. Must be owned by a
+  // shared_ptr: the Works it hands out reach it through weak ones.
   explicit PointToPointEngine(std::shared_ptr<Communicator> communicator);
   // shutdown(). Must not run on the progress thread (from a Work callback) unless it is
   // the last thing that callback does with the engine.
@@ -350,7 +349,7 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
-  net::Socket wakeFd_;  // eventfd: a submission wakes the thread from poll()
+  net::Socket wakeFd_;  // eventfd (made with the thread): a submission wakes the thread from poll()
 
   std::mutex mutex_;
   std::atomic<int> callersWaiting_{0};  // callers blocked on mutex_ (see lockForCaller)

@@ -92,7 +92,11 @@ std::shared_ptr<arena::NodeArena> openOffered(const Offer& offer, int rank) {
     return nullptr;
   }
   try {
-    return arena::NodeArena::attach(std::move(descriptor), rank, offer.size, offer.slotBytes);
+    std::shared_ptr<arena::NodeArena> arena =
+        arena::NodeArena::attach(std::move(descriptor), rank, offer.size, offer.slotBytes,
+                                 transport::shm::Prefault::kNo);
+    arena->closeDescriptor();  // the mapping stays
+    return arena;
   } catch (const Error& e) {
     RINGTREE_INFO("rank " << rank << ": cannot map the group's node arena: " << e.what()
                           << "; the group runs without one");
@@ -119,7 +123,8 @@ std::shared_ptr<arena::NodeArena> shareNodeArena(const std::vector<transport::Pa
   }
   std::shared_ptr<arena::NodeArena> arena;
   try {
-    if (allowed) arena = arena::NodeArena::create(size);
+    // Not faulted in: a group is made fast, and takes memory as its collectives use it.
+    if (allowed) arena = arena::NodeArena::create(size, arena::NodeArena::kDefaultSlotBytes, transport::shm::Prefault::kNo);
   } catch (const Error& e) {
     RINGTREE_INFO("rank 0: cannot create the group's node arena (" << e.what() << "); the group runs without one");
   }

@@ -35,6 +35,7 @@ TOOLS = {
     "call-overhead": "call_overhead",
     "ddp-step": "ddp_step",
     "failure-table": "failure_table",
+    "groups": "groups",
     "p2p-pingpong": "p2p_pingpong",
     "rendezvous-faults": "rendezvous_faults",
     "scale": "scale",
