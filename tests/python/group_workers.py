@@ -278,3 +278,68 @@ def monitored_barrier_world(rank: int, world_size: int, port: int, late: list[in
         out["destroyed"] = error_of(lambda: dist.monitored_barrier(group=subgroup))
     dist.destroy_process_group()
     return out
+
+
+# --- groups over the world's connections ----------------------------------------------------
+
+
+def sockets() -> int:
+    """This process's open sockets."""
+    import os
+
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def shared_connections(rank: int, world_size: int, port: int) -> dict:
+    """Twenty groups (all ranks, pairs, a reversed order) open no socket; two groups and the
+    world run large all_reduces at once from three threads; a mismatch in one group leaves
+    the world and the other groups working."""
+    import threading
+
+    init(rank, world_size, port)
+    n = world_size
+    dist.barrier()
+    before = sockets()
+    specs = [list(range(n)), [0, n - 1], list(reversed(range(n)))] * 7
+    groups = [dist.new_group(ranks, sort_ranks=False) for ranks in specs[:20]]
+    after = sockets()
+    members = {i: ranks for i, ranks in enumerate(specs[:20]) if rank in ranks}
+    sums = {i: summed_over(groups[i], rank) for i in members}
+
+    results: dict = {}
+
+    def loop(name, group, ranks, rounds=6, count=1 << 18):
+        got = []
+        for r in range(rounds):
+            buffer = array("d", [float(rank + r)]) * count
+            dist.all_reduce(buffer, group=group)
+            got.append(buffer[count // 2] == float(sum(x + r for x in ranks)) and buffer[0] == buffer[-1])
+        results[name] = all(got)
+
+    threads = [threading.Thread(target=loop, args=("world", dist.group.WORLD, list(range(n))))]
+    threads.append(threading.Thread(target=loop, args=("all", groups[0], specs[0])))
+    if rank in specs[1]:
+        threads.append(threading.Thread(target=loop, args=("pair", groups[1], specs[1])))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    # A mismatch in the pair group: both its ranks fail, the rest goes on.
+    mismatch = None
+    if rank in specs[1]:
+        buffer = array("d", [1.0] * 8)
+        if rank == 0:
+            mismatch = error_of(lambda: dist.all_reduce(buffer, group=groups[1]))
+        else:
+            mismatch = error_of(lambda: dist.broadcast(buffer, src=0, group=groups[1]))
+    after_failure = {"world": summed_over(dist.group.WORLD, rank), "all": summed_over(groups[0], rank)}
+    dist.destroy_process_group()
+    return {"before": before, "after": after, "sums": sums, "members": {i: r for i, r in members.items()},
+            "concurrent": results, "mismatch": mismatch, "after_failure": after_failure}

@@ -573,6 +573,19 @@ def test_scale_table():
     assert float(shm[5]) > 0, shm  # rank 0 maps the node arena and its rings
 
 
+def test_groups_table():
+    """Two ranks, five groups, ringtree's API: groups open no socket and no descriptor."""
+    proc = _bench("groups", "--nproc", "2", "--groups", "5", "--system", "ringtree", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ringtree |")]
+    assert len(rows) == 1, proc.stdout
+    row = rows[0]
+    assert float(row[1]) > 0 and float(row[3]) > 0, row  # new_group, first all_reduce
+    sockets_before, sockets_after = row[4].split(" / ")
+    fds_before, fds_after = row[5].split(" / ")
+    assert sockets_before == sockets_after and fds_before == fds_after, row
+
+
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (the gloo column)")
 def test_rendezvous_faults_table():
     """One fault end to end: both libraries measured, one table row."""

@@ -335,3 +335,19 @@ def test_group_stores_are_separate():
     group.store.set("k", "group")
     dist.group.WORLD.store.set("k", "world")
     assert group.store.get("k") == b"group" and root.get(f"{group.group_name}/k") == b"group"
+
+
+def test_groups_share_the_worlds_connections():
+    # 4 ranks on one host: 20 groups open no socket; two groups and the world run at once
+    # from three threads; a mismatch in one group fails its two ranks and nothing else.
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results = [r["ok"] for r in run_world("group_workers:shared_connections", 4, timeout=120, port=server.port)]
+    for rank, out in enumerate(results):
+        assert out["after"] == out["before"], (rank, out["before"], out["after"])
+        for index, ranks in out["members"].items():
+            assert out["sums"][index] == sum(r + 1 for r in ranks), (rank, index)
+        expected = {"world", "all"} | ({"pair"} if rank in (0, 3) else set())
+        assert set(out["concurrent"]) == expected and all(out["concurrent"].values()), (rank, out["concurrent"])
+        if rank in (0, 3):
+            assert out["mismatch"] is not None and "mismatch" in out["mismatch"]["message"], out["mismatch"]
+        assert out["after_failure"] == {"world": 10, "all": 10}, (rank, out["after_failure"])

@@ -270,3 +270,16 @@ def test_the_ddp_example_gives_the_same_losses_as_gloo():
         losses[backend] = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("step")]
         assert f"{backend}: 2 ranks" in proc.stdout, proc.stdout + proc.stderr
     assert len(losses["ringtree"]) == 3 and losses["ringtree"] == losses["gloo"]
+
+
+def test_groups_share_the_worlds_connections():
+    results = [r["ok"] for r in run_world("torch_backend_workers:shared_connections", 4, port=free_port(), timeout=120)]
+    for rank, out in enumerate(results):
+        assert out["after"] == out["before"], (rank, out)
+        assert out["concurrent"] == {"dp": True, "tp": True, "world": True}, (rank, out)
+        if rank in (0, 3):
+            assert out["mismatch"] is not None and out["mismatch"]["torch_class"], out["mismatch"]
+            assert "mismatch" in out["mismatch"]["message"], out["mismatch"]
+        else:
+            assert out["mismatch"] is None
+        assert out["world"] == [4.0] * 4 and out["subgroup"] == [2.0] * 4, (rank, out)

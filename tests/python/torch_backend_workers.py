@@ -185,3 +185,66 @@ def sparse_all_reduce(rank: int, world_size: int, port: int, backend: str) -> di
     dist.barrier()
     dist.destroy_process_group()
     return results
+
+
+def shared_connections(rank: int, world_size: int, port: int) -> dict:
+    """Groups of the "ringtree" backend run over the world's connections: a DeviceMesh of
+    2 x 2, new_group and new_subgroups open no socket; the mesh's two dimensions and the
+    world run all_reduces at once from three threads; a mismatch in one group fails that
+    group's ranks alone."""
+    import threading
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    def sockets() -> int:
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            except OSError:
+                pass
+        return count
+
+    dist.init_process_group("ringtree", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=TIMEOUT)
+    dist.barrier()
+    before = sockets()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    pair = dist.new_group([0, 3])
+    mine, _ = dist.new_subgroups(group_size=2)
+    after = sockets()
+    dims = {name: mesh.get_group(name) for name in ("dp", "tp")}
+    ok: dict = {}
+
+    def loop(name, group):
+        ranks = dist.get_process_group_ranks(group)
+        good = True
+        for r in range(6):
+            t = torch.full((1 << 18,), float(rank + r))
+            dist.all_reduce(t, group=group)
+            good = good and bool((t == float(sum(x + r for x in ranks))).all())
+        ok[name] = good
+
+    threads = [threading.Thread(target=loop, args=(name, group)) for name, group in dims.items()]
+    threads.append(threading.Thread(target=loop, args=("world", dist.group.WORLD)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    mismatch = None
+    if rank in (0, 3):
+        t = torch.ones(8)
+        try:
+            if rank == 0:
+                dist.all_reduce(t, group=pair)
+            else:
+                dist.broadcast(t, src=0, group=pair)
+        except Exception as exc:  # noqa: BLE001 - reported
+            mismatch = {"torch_class": isinstance(exc, dist.DistBackendError), "message": str(exc)}
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    s = torch.ones(4)
+    dist.all_reduce(s, group=mine)
+    dist.destroy_process_group()
+    return {"before": before, "after": after, "concurrent": ok, "mismatch": mismatch, "world": t.tolist(),
+            "subgroup": s.tolist()}
