@@ -283,24 +283,13 @@ def monitored_barrier_world(rank: int, world_size: int, port: int, late: list[in
 # --- groups over the world's connections ----------------------------------------------------
 
 
-def sockets() -> int:
-    """This process's open sockets."""
-    import os
-
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return count
-
-
 def shared_connections(rank: int, world_size: int, port: int) -> dict:
     """Twenty groups (all ranks, pairs, a reversed order) open no socket; two groups and the
     world run large all_reduces at once from three threads; a mismatch in one group leaves
     the world and the other groups working."""
     import threading
+
+    from ringtree.bench.scale import open_sockets as sockets
 
     init(rank, world_size, port)
     n = world_size

@@ -1,6 +1,7 @@
 """Worker functions of test_torch_backend.py: torch programs that use torch.distributed's
 own API with backend "ringtree" (and, for comparison, "gloo"), one rank each. None of
-them imports ringtree: the torch.backends entry point registers the backend."""
+them imports ringtree before init_process_group: the torch.backends entry point registers
+the backend (some use ringtree's classes or helpers afterwards to check what they saw)."""
 
 from __future__ import annotations
 
@@ -196,14 +197,7 @@ def shared_connections(rank: int, world_size: int, port: int) -> dict:
 
     from torch.distributed.device_mesh import init_device_mesh
 
-    def sockets() -> int:
-        count = 0
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-            except OSError:
-                pass
-        return count
+    from ringtree.bench.scale import open_sockets as sockets
 
     dist.init_process_group("ringtree", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=TIMEOUT)

@@ -35,25 +35,9 @@ __all__ = ["main"]
 SYSTEMS = ("ringtree", "torch-ringtree", "gloo")
 
 
-# Self-contained (no ringtree.bench import), so that it runs against any ringtree install.
 _WORKER = """
 import json, os, time
-def sockets():
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{{fd}}").startswith("socket:")
-        except OSError:
-            pass
-    return count
-def mapped_shm_bytes():
-    total = 0
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "/memfd:" in line or "/dev/shm/" in line:
-                start, end = (int(x, 16) for x in line.split()[0].split("-"))
-                total += end - start
-    return total
+from ringtree.bench.scale import mapped_shm_bytes, open_sockets as sockets
 SYSTEM = {system!r}
 GROUPS = {groups}
 if SYSTEM == "ringtree":

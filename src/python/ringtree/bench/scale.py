@@ -36,6 +36,17 @@ def shmem_kb() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Shmem:"))
 
 
+def open_sockets() -> int:
+    """This process's open sockets."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # the listing's own descriptor, closed since
+    return count
+
+
 def mapped_shm_bytes() -> int:
     """This process's shared-memory mappings (memfd segments, /dev/shm files), in bytes,
     resident or not."""
