@@ -4,8 +4,10 @@ For each rank count (``--ranks 8,16,32``) it launches one job per system on this
 ringtree over shared memory (its default here), ringtree with ``RINGTREE_TRANSPORT=tcp``
 and, where mpirun and mpi4py are installed, Open MPI. Each rank reports:
 
-* init: from the first rank entering ``init_process_group`` (MPI: importing mpi4py, which
-  initialises MPI) to the last one past the first barrier, in seconds;
+* init: from the first rank starting (its first import) to the last one past the first
+  barrier, in seconds; rendezvous: from the last rank done with its imports (numpy and
+  ringtree; for MPI numpy only, since importing mpi4py initialises MPI) to the last one
+  past that barrier: what the library itself takes once every process is up;
 * shm in use: the growth of the machine's shared memory (``Shmem`` in /proc/meminfo) from
   before the launch to just after that barrier, in MB, and what is left of it once the
   launcher has exited ("left after exit": 0 when nothing leaks);
@@ -66,7 +68,7 @@ import json as _json, os as _os, statistics as _statistics, time as _time
 import numpy as _np
 from ringtree.bench.scale import mapped_shm_bytes as _mapped_shm_bytes, shmem_kb as _shmem_kb
 
-_report = {"t0": _t0, "t1": _t1, "rank": _rank}
+_report = {"t0": _t0, "tr": _tr, "t1": _t1, "rank": _rank}
 if _rank == 0:
     _report["shm_kb"] = _shmem_kb() - int(_os.environ["BENCH_SHMEM_KB"])
     _report["mapped"] = _mapped_shm_bytes()
@@ -89,6 +91,7 @@ import time
 _t0 = time.time()
 import numpy as np
 import ringtree
+_tr = time.time()
 ringtree.init_process_group()
 ringtree.barrier()
 _t1 = time.time()
@@ -108,6 +111,7 @@ MPI_WORKER = """
 import time
 _t0 = time.time()
 import numpy as np
+_tr = time.time()
 from mpi4py import MPI
 MPI.COMM_WORLD.Barrier()
 _t1 = time.time()
@@ -152,6 +156,7 @@ def _run(system: str, ranks: int, iterations: int, timeout: float) -> dict:
     first = reports[0]
     return {
         "init_s": max(r["t1"] for r in reports) - min(r["t0"] for r in reports),
+        "rendezvous_s": max(r["t1"] for r in reports) - max(r["tr"] for r in reports),
         "shm_mb": first["shm_kb"] / 1024,
         "left_mb": left / 1024,
         "mapped_mb": first["mapped"] / 2**20,
@@ -174,14 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         systems.append("Open MPI")
     rows = []
     print(f"scale on one host ({os.cpu_count()} CPUs): init, shared memory, descriptors and allreduce per job\n")
-    print("| ranks | system | init (s) | shm in use (MB) | left after exit (MB) | mapped per rank (MB) | fds per rank "
-          "| 8 B allreduce (us) | 1 MiB allreduce (us) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| ranks | system | init (s) | rendezvous (s) | shm in use (MB) | left after exit (MB) | mapped per rank (MB) "
+          "| fds per rank | 8 B allreduce (us) | 1 MiB allreduce (us) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for ranks in (int(r) for r in args.ranks.split(",")):
         for system in systems:
             result = _run(system, ranks, args.iterations, args.timeout)
             rows.append({"ranks": ranks, "system": system, **result})
-            print(f"| {ranks} | {system} | {result['init_s']:.2f} | {result['shm_mb']:.0f} | {result['left_mb']:.0f} | "
+            print(f"| {ranks} | {system} | {result['init_s']:.2f} | {result['rendezvous_s']:.2f} | "
+                  f"{result['shm_mb']:.0f} | {result['left_mb']:.0f} | "
                   f"{result['mapped_mb']:.1f} | {result['fds']} | {result['allreduce_8B_us']:.1f} | "
                   f"{result['allreduce_1MiB_us']:.0f} |", flush=True)
     if missing is not None:
