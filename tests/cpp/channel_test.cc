@@ -23,6 +23,7 @@
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
 #include "rendezvous/connect.h"
+#include "transport/mux/link.h"
 #include "transport/pair.h"
 
 namespace ringtree {
@@ -202,6 +203,99 @@ TEST_P(ConnectionTest, ADetachedReceiveTakesItsMessageAndStoresNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, ConnectionTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm),
                          kindName);
+
+// ---------------------------------------------------------------------------------------
+// Links: channels over one connection, driven by hand.
+
+// body(rank, link to the other rank) on two threads.
+void runLinks(TransportKind kind, const std::function<void(int rank, std::shared_ptr<transport::mux::Link>)>& body) {
+  const std::shared_ptr<Store> store = test::freshStore();
+  rendezvous::ConnectOptions options;
+  options.transport = kind;
+  options.timeout = 20s;
+  test::runOnThreads(2, [&](int rank) {
+    auto pairs = rendezvous::connectFullMesh(*store, rank, 2, options);
+    body(rank, std::make_shared<transport::mux::Link>(std::move(pairs[static_cast<size_t>(1 - rank)])));
+  });
+}
+
+class LinkTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(LinkTest, AChannelThatGivesUpWhileItsMessageArrivesLetsGoOfIt) {
+  // Rank 0's channel b waits, so channel a's large message is taken into a buffer of a's
+  // as it arrives; a gives up and is destroyed in the middle of it; b then gets its own.
+  constexpr size_t kBytes = 64 * kMiB;
+  std::atomic<bool> destroyed{false};
+  runLinks(GetParam(), [&](int rank, std::shared_ptr<transport::mux::Link> link) {
+    auto a = link->open(11, rank, 1 - rank, "rank " + std::to_string(1 - rank));
+    auto b = link->open(22, rank, 1 - rank, "rank " + std::to_string(1 - rank));
+    const std::vector<uint8_t> small = pattern(8, 9);
+    if (rank == 1) {
+      const std::vector<uint8_t> big = pattern(kBytes, 8);
+      a->postSend(message(1, kBytes), big.data(), kBytes);
+      test::waitForFlag(destroyed);  // (a's send went on meanwhile, from rank 0's drives)
+      b->postSend(message(1, 8), small.data(), 8);
+      drive(*b, 20s);
+      a.reset();
+      return;
+    }
+    std::vector<uint8_t> in(8, 0);
+    b->postRecv(message(1, 8), in.data(), 8);
+    const auto until = std::chrono::steady_clock::now() + 100ms;
+    while (std::chrono::steady_clock::now() < until) b->progress();  // a's message starts arriving
+    Envelope notice = message(1, kBytes);
+    notice.noticeKind = transport::kAbandonNotice;
+    a->sendNotice(notice, net::deadlineAfter(1s));
+    a.reset();
+    destroyed = true;
+    drive(*b, 20s);
+    EXPECT_EQ(in, small);
+  });
+}
+
+TEST_P(LinkTest, AFailedChannelLetsGoOfItsSendsBeforeItsCallerFreesThem) {
+  // Rank 1's channel a gives up (a notice, its end closed); rank 0's send on a, larger
+  // than the connection takes at once, fails with that notice, and rank 0 frees the
+  // buffer at once, as a failed call's caller would. Channel b goes on over the link.
+  constexpr size_t kBytes = 64 * kMiB;
+  std::atomic<bool> freed{false};
+  runLinks(GetParam(), [&](int rank, std::shared_ptr<transport::mux::Link> link) {
+    auto a = link->open(11, rank, 1 - rank, "rank " + std::to_string(1 - rank));
+    auto b = link->open(22, rank, 1 - rank, "rank " + std::to_string(1 - rank));
+    const std::vector<uint8_t> small = pattern(8, 10);
+    if (rank == 1) {
+      Envelope notice = message(1, 0);
+      notice.noticeKind = transport::kAbandonNotice;
+      a->sendNotice(notice, net::deadlineAfter(1s));
+      test::waitForFlag(freed);
+      std::vector<uint8_t> in(8, 0);
+      b->postRecv(message(1, 8), in.data(), 8);  // drives the link: a's message is dropped as it comes
+      drive(*b, 20s);
+      EXPECT_EQ(in, small);
+      return;
+    }
+    std::unique_ptr<uint8_t[]> big(new uint8_t[kBytes]);
+    std::memset(big.get(), 3, kBytes);
+    a->postSend(message(1, kBytes), big.get(), kBytes);
+    const std::string text = messageOf<CollectiveMismatchError>([&] {
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        a->progress();
+        if (a->pendingRecvs() == 0) a->checkIncoming(nullptr);
+        std::this_thread::yield();
+      }
+    });
+    EXPECT_TRUE(contains(text, "where no message was expected")) << text;
+    EXPECT_EQ(a->pendingSends(), 0u);  // let go of: the connection sends on from its own copy
+    big.reset();
+    freed = true;
+    b->postSend(message(1, 8), small.data(), 8);
+    drive(*b, 20s);
+    EXPECT_THROW(a->progress(), CollectiveMismatchError);  // failed for good
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LinkTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm), kindName);
 
 // ---------------------------------------------------------------------------------------
 // Communicators over shared connections.

@@ -106,8 +106,32 @@ std::shared_ptr<arena::NodeArena> openOffered(const Offer& offer, int rank) {
 
 }  // namespace
 
+namespace {
+
+std::shared_ptr<arena::NodeArena> exchange(const std::vector<transport::Pair*>& pairs, int rank, int size,
+                                           bool allowed, net::Deadline deadline);
+
+}  // namespace
+
 std::shared_ptr<arena::NodeArena> shareNodeArena(const std::vector<transport::Pair*>& pairs, int rank, int size,
                                                  bool allowed, net::Deadline deadline) {
+  try {
+    return exchange(pairs, rank, size, allowed, deadline);
+  } catch (...) {
+    // The exchange's buffers live on its stack: the pairs let go of them before it unwinds.
+    for (transport::Pair* pair : pairs) {
+      if (pair == nullptr) continue;
+      pair->detachRecvs();
+      pair->detachSends(net::deadlineAfter(std::chrono::seconds(1)));
+    }
+    throw;
+  }
+}
+
+namespace {
+
+std::shared_ptr<arena::NodeArena> exchange(const std::vector<transport::Pair*>& pairs, int rank, int size,
+                                           bool allowed, net::Deadline deadline) {
   if (rank != 0) {
     Offer offer;
     pairs[0]->postRecv(envelopeOf(kOffer, sizeof(offer)), &offer, sizeof(offer));
@@ -155,5 +179,7 @@ std::shared_ptr<arena::NodeArena> shareNodeArena(const std::vector<transport::Pa
   if (arena != nullptr) arena->closeDescriptor();
   return decision == 1 ? arena : nullptr;
 }
+
+}  // namespace
 
 }  // namespace ringtree::rendezvous

@@ -1,5 +1,6 @@
 #include "transport/mux/link.h"
 
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -24,9 +25,9 @@ namespace {
 constexpr uint8_t kChannelClosed = 0xff;
 constexpr uint8_t kConnectionAbandoned = 0xfe;
 
-// How long a closing channel may wait for a shared-memory peer that copies from a
-// buffer of the channel's (Pair::detachSends).
-constexpr std::chrono::milliseconds kCloseTimeout{1000};
+// How long a channel that lets go of its operations may wait for a shared-memory peer
+// that copies from a buffer of the channel's (Pair::detachSends).
+constexpr std::chrono::milliseconds kDetachTimeout{1000};
 
 // How long a channel that gives up waits for its notice to be handed over while the
 // connection moves nothing (a peer that reads nothing now; the notice stays queued and
@@ -64,7 +65,7 @@ ChannelId channelIdOf(const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Link
+// Link: channels and the connection
 
 Link::Link(std::unique_ptr<Pair> connection)
     : connection_(std::move(connection)),
@@ -157,10 +158,21 @@ bool Link::drive() {
       moved = true;
     }
   } catch (...) {
-    connectionFailed(std::current_exception(), connection_->endedCleanly());
+    std::exception_ptr error = std::current_exception();
+    try {
+      std::rethrow_exception(error);
+    } catch (const NetworkError&) {
+    } catch (const std::exception& e) {
+      // The connection refuses to go on for another reason (a shared-memory pair whose
+      // peer left with one of the link's notices next in its ring calls that a
+      // mismatch): to the channels it is a connection that ended.
+      error = std::make_exception_ptr(PeerError(peerRank_, "the connection to " + peerDescription_ +
+                                                               " ended: " + e.what()));
+    }
+    connectionFailed(error, connection_->endedCleanly());
     moved = true;
   }
-  if (moved && notifySleepers_ > 0) signalSleepers();
+  if (moved) signalSleepers();
   return moved;
 }
 
@@ -187,7 +199,8 @@ bool Link::dispatch(const Envelope& envelope, size_t bytes) {
   if (closedHere_.count(envelope.channel) != 0) return drop();
   Channel& channel = channelFor(envelope.channel);
   if (channel.open) {
-    if (channel.failure != nullptr) return drop();  // a failed channel takes nothing more
+    // A channel that failed or closed takes nothing more (its buffers are no longer its).
+    if (channel.failure != nullptr || channel.closed) return drop();
     serve(channel);
     if (channel.failure == nullptr && channel.arrived.empty() && !channel.receives.empty()) {
       const Receive& receive = channel.receives.front();
@@ -245,7 +258,7 @@ void Link::finishIncoming() {
 
 void Link::postTentatively(Channel& channel) {
   if (incoming_ != Incoming::kNone || headLeft_ || failure_ != nullptr || !channel.arrived.empty() ||
-      channel.receives.empty() || channel.failure != nullptr || channel.refused ||
+      channel.receives.empty() || channel.failure != nullptr || channel.closed || channel.refused ||
       channel.receives.front().discard) {
     return;
   }
@@ -302,11 +315,14 @@ void Link::serve(Channel& channel) {
 bool Link::anotherChannelWaits(const Channel* except) const {
   for (const auto& entry : channels_) {
     const Channel& c = *entry.second;
-    if (&c == except || !c.open || c.failure != nullptr || c.refused) continue;
+    if (&c == except || !c.open || c.failure != nullptr || c.closed || c.refused) continue;
     if (c.wantsIncoming || c.receives.size() > c.arrived.size()) return true;
   }
   return false;
 }
+
+// ---------------------------------------------------------------------------------------
+// Link: failures and closing
 
 void Link::connectionFailed(std::exception_ptr error, bool clean) {
   failure_ = std::move(error);
@@ -353,6 +369,9 @@ void Link::rethrowConnectionFailure(const Channel& channel) const {
     throw PeerError(channel.peerRank, e.what() + context);
   } catch (const NetworkError& e) {
     throw NetworkError(e.what() + context);
+  } catch (const std::exception& e) {
+    throw PeerError(channel.peerRank, std::string("the connection to ") + channel.peerDescription +
+                                          " failed: " + e.what() + context);
   }
 }
 
@@ -360,10 +379,35 @@ void Link::failChannel(Channel& channel, std::exception_ptr error) {
   if (channel.failure == nullptr) channel.failure = std::move(error);
 }
 
-void Link::signalSleepers() {
-  if (!notify_.valid() || notifySignalled_) return;
-  const uint64_t one = 1;
-  if (::write(notify_.fd(), &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one))) notifySignalled_ = true;
+void Link::quiesce(Channel& channel, net::Deadline deadline, bool sendBuffersValid) {
+  // A message of the channel that the connection is moving goes on from the connection's
+  // own copy (sends; only while their buffers are still valid) or into nothing
+  // (receives): the stream stays whole, the channel's buffers are free at once. A send
+  // whose buffer may be gone leaves the connection in the middle of a message: it is given
+  // up.
+  if (failure_ == nullptr && sending_ && inFlight_.channel == &channel) {
+    if (!sendBuffersValid) {
+      abandonConnection("a communicator was destroyed while the connection still sent one of its messages", deadline);
+    } else if (connection_->detachSends(deadline)) {
+      inFlight_.channel = nullptr;
+    } else {
+      abandonConnection("a message of a communicator that gave up could not be detached from its buffer", deadline);
+    }
+  }
+  if (sending_ && inFlight_.channel == &channel) inFlight_.channel = nullptr;  // the connection was given up
+  releaseIncoming(channel);
+  outgoing_.erase(std::remove_if(outgoing_.begin(), outgoing_.end(),
+                                 [&](const Outgoing& o) { return o.channel == &channel; }),
+                  outgoing_.end());
+  channel.clearReceives();
+  channel.arrived.clear();
+  channel.sendsRetired.store(channel.sendsPosted.load(std::memory_order_relaxed), std::memory_order_release);
+}
+
+void Link::close(Channel& channel, net::Deadline deadline, bool sendBuffersValid) {
+  quiesce(channel, deadline, sendBuffersValid);
+  channel.closed = true;
+  if (failure_ == nullptr) outgoing_.push_back(Outgoing{nullptr, closeMessage(channel.id), nullptr, 0, nullptr});
 }
 
 template <typename Done>
@@ -384,31 +428,57 @@ bool Link::driveUntil(std::unique_lock<SpinMutex>& lock, net::Deadline deadline,
   }
 }
 
-void Link::close(Channel& channel, net::Deadline deadline, bool sendBuffersValid) {
-  channel.closed = true;
-  // A message of the channel that the connection is moving goes on from the connection's
-  // own copy (sends; only while their buffers are still valid) or into nothing
-  // (receives): the stream stays whole, the channel's buffers are free at once. A send
-  // whose buffer may be gone leaves the connection in the middle of a message: it is given
-  // up.
-  if (failure_ == nullptr && sending_ && inFlight_.channel == &channel) {
-    if (!sendBuffersValid) {
-      abandonConnection("a communicator was destroyed while the connection still sent one of its messages", deadline);
-    } else if (connection_->detachSends(deadline)) {
-      inFlight_.channel = nullptr;
-    } else {
-      abandonConnection("a message of a communicator that gave up could not be detached from its buffer", deadline);
-    }
+// ---------------------------------------------------------------------------------------
+// Link: sleeping
+
+int Link::sleepDescriptor() {
+  if (epoll_.valid()) return epoll_.fd();
+  if (sleepDescriptorsFailed_) return -1;
+  net::Socket epoll(::epoll_create1(EPOLL_CLOEXEC));
+  net::Socket notify(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE));
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = notify.fd();
+  if (!epoll.valid() || !notify.valid() || ::epoll_ctl(epoll.fd(), EPOLL_CTL_ADD, notify.fd(), &event) != 0) {
+    RINGTREE_WARN("cannot create the wait descriptors of the connection to " << peerDescription_ << " ("
+                                                                             << net::errnoText(errno)
+                                                                             << "): its waits sleep in short slices");
+    sleepDescriptorsFailed_ = true;
+    return -1;
   }
-  releaseIncoming(channel);
-  if (sending_ && inFlight_.channel == &channel) inFlight_.channel = nullptr;  // the connection was given up
-  outgoing_.erase(std::remove_if(outgoing_.begin(), outgoing_.end(),
-                                 [&](const Outgoing& o) { return o.channel == &channel; }),
-                  outgoing_.end());
-  channel.clearReceives();
-  channel.arrived.clear();
-  channel.sendsRetired.store(channel.sendsPosted.load(std::memory_order_relaxed), std::memory_order_release);
-  if (failure_ == nullptr) outgoing_.push_back(Outgoing{nullptr, closeMessage(channel.id), nullptr, 0, nullptr});
+  epoll_ = std::move(epoll);
+  notify_ = std::move(notify);
+  return epoll_.fd();
+}
+
+void Link::disarmConnection() {
+  connection_->disarmWait();
+  connectionArmedBy_ = nullptr;
+  if (connectionInEpoll_) {
+    // Waits on nothing of the connection until the next sleeper arms it (a descriptor left
+    // armed for writing would wake every sleeper at once, again and again).
+    epoll_event event{};
+    event.data.fd = connectionFd_;
+    ::epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, connectionFd_, &event);
+  }
+  signalSleepers();  // a thread still asleep on the link takes over the connection
+}
+
+void Link::signalSleepers() {
+  if (!notify_.valid() || tokens_ >= sleepers_) return;
+  const uint64_t add = static_cast<uint64_t>(sleepers_ - tokens_);
+  if (::write(notify_.fd(), &add, sizeof(add)) == static_cast<ssize_t>(sizeof(add))) tokens_ = sleepers_;
+}
+
+void Link::takeToken() {
+  if (tokens_ == 0) return;
+  uint64_t one = 0;
+  if (::read(notify_.fd(), &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one))) {
+    --tokens_;
+  } else if (errno != EAGAIN) {
+    RINGTREE_WARN("reading the wait eventfd of the connection to " << peerDescription_
+                                                                   << " failed: " << net::errnoText(errno));
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -421,12 +491,14 @@ ChannelPair::~ChannelPair() {
   std::unique_lock<SpinMutex> lock(link_->mutex_);
   Link& link = *link_;
   Link::Channel& channel = *channel_;
-  if (link.connectionArmedBy_ == this) {
-    link.connection_->disarmWait();
-    link.connectionArmedBy_ = nullptr;
+  if (channel.sleeping) {  // a caller that did not disarm (the contract asks it to)
+    channel.sleeping = false;
+    --link.sleepers_;
+    link.takeToken();
   }
-  if (channel.notifyArmed) --link.notifySleepers_;
-  if (!channel.closed) link.close(channel, net::deadlineAfter(kCloseTimeout), /*sendBuffersValid=*/false);
+  if (link.connectionArmedBy_ == this) link.disarmConnection();
+  if (!channel.closed) link.close(channel, net::deadlineAfter(kDetachTimeout), /*sendBuffersValid=*/false);
+  link.releaseIncoming(channel);  // (close() did, unless sendNotice() closed it earlier)
   // Hand the close message over if the connection takes it at once; otherwise it goes with
   // the next pass of any channel (or is lost with the link, whose stream then ends).
   link.drive();
@@ -442,8 +514,21 @@ Envelope ChannelPair::stamped(const Envelope& envelope) const {
   return out;
 }
 
-void ChannelPair::rethrowIfFailed() const {
-  if (channel_->failure != nullptr) std::rethrow_exception(channel_->failure);
+void ChannelPair::fail(std::exception_ptr error) {
+  link_->failChannel(*channel_, std::move(error));
+  link_->quiesce(*channel_, net::deadlineAfter(kDetachTimeout), /*sendBuffersValid=*/true);
+  std::rethrow_exception(channel_->failure);
+}
+
+std::exception_ptr ChannelPair::peerClosedError(const std::string& doing) const {
+  return std::make_exception_ptr(PeerError(
+      peerRank(), "rank " + std::to_string(channel_->selfRank) + ": " + peerDescription() +
+                      " closed this channel (its communicator was destroyed, aborted or gave up after a failure)" +
+                      (doing.empty() ? std::string() : " during " + doing)));
+}
+
+void ChannelPair::rethrowIfFailed() {
+  if (channel_->failure != nullptr) fail(channel_->failure);
   if (link_->failure_ != nullptr && !link_->ended_) link_->rethrowConnectionFailure(*channel_);
 }
 
@@ -451,11 +536,7 @@ void ChannelPair::postSend(const Envelope& envelope, const void* data, size_t by
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
   rethrowIfFailed();
   if (link_->failure_ != nullptr) link_->rethrowConnectionFailure(*channel_);
-  if (channel_->peerClosed) {
-    throw PeerError(peerRank(), "rank " + std::to_string(channel_->selfRank) + ": " + peerDescription() +
-                                    " has closed this channel (its communicator was destroyed, aborted or gave up "
-                                    "after a failure); cannot send " + envelopeText(envelope, bytes));
-  }
+  if (channel_->peerClosed) fail(peerClosedError("the send of " + envelopeText(envelope, bytes)));
   if (data == nullptr && bytes > 0) {
     throw InvalidArgument("postSend to " + peerDescription() + ": null buffer of " + std::to_string(bytes) + " bytes");
   }
@@ -505,13 +586,11 @@ bool ChannelPair::progress() {
   link.serve(channel);
   rethrowIfFailed();
   const bool sendsDone = channel.sendsDone();
-  if (!channel.receives.empty() && channel.arrived.empty() && channel.peerClosed) {
+  if (channel.peerClosed && channel.arrived.empty() && (!channel.receives.empty() || !sendsDone)) {
+    // Nothing more comes from the peer's end, nor is read there: what is pending fails.
     if (link.failure_ != nullptr) link.rethrowConnectionFailure(channel);
-    throw PeerError(peerRank(), "rank " + std::to_string(channel.selfRank) + ": " + peerDescription() +
-                                    " closed this channel (its communicator was destroyed, aborted or gave up "
-                                    "after a failure) during " + link.pendingText(channel));
+    fail(peerClosedError(link.pendingText(channel)));
   }
-  if (!sendsDone && link.failure_ != nullptr) link.rethrowConnectionFailure(channel);
   return sendsDone && channel.receives.empty();
 }
 
@@ -528,7 +607,8 @@ bool ChannelPair::peekIncoming(Envelope* envelope, size_t* bytes) {
   Link::Channel& channel = *channel_;
   if (!channel.receives.empty()) return false;
   link.drive();
-  rethrowIfFailed();
+  if (channel.failure != nullptr) fail(channel.failure);
+  // What arrived before the connection failed is still seen first.
   if (!channel.arrived.empty()) {
     *envelope = unstamped(channel.arrived.front().envelope);
     *bytes = channel.arrived.front().bytes;
@@ -539,25 +619,41 @@ bool ChannelPair::peekIncoming(Envelope* envelope, size_t* bytes) {
     *bytes = link.headBytes_;
     return true;
   }
-  if (channel.peerClosed) {
-    if (link.failure_ != nullptr) link.rethrowConnectionFailure(channel);
-    throw PeerError(peerRank(), "rank " + std::to_string(channel.selfRank) + ": " + peerDescription() +
-                                    " closed this channel (its communicator was destroyed, aborted or gave up "
-                                    "after a failure)");
-  }
+  if (link.failure_ != nullptr) link.rethrowConnectionFailure(channel);
+  if (channel.peerClosed) fail(peerClosedError(""));
   return false;
 }
 
-void ChannelPair::postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
-  {
-    const std::lock_guard<SpinMutex> lock(link_->mutex_);
-    if (!channel_->receives.empty()) {
-      throw InvalidArgument("postTentativeRecv from " + peerDescription() + " while another receive is posted");
-    }
-  }
-  postRecv(expected, data, bytes, accumulate);
+bool ChannelPair::endedCleanly() const noexcept {
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
-  channel_->receives.front().tentative = true;
+  return link_->ended_;
+}
+
+bool ChannelPair::peerTookEverything() const noexcept {
+  const std::lock_guard<SpinMutex> lock(link_->mutex_);
+  return link_->connection_->peerTookEverything();
+}
+
+void ChannelPair::postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
+  const std::lock_guard<SpinMutex> lock(link_->mutex_);
+  rethrowIfFailed();
+  if (!channel_->receives.empty()) {
+    throw InvalidArgument("postTentativeRecv from " + peerDescription() + " while another receive is posted");
+  }
+  if (data == nullptr && bytes > 0) {
+    throw InvalidArgument("postTentativeRecv from " + peerDescription() + ": null buffer of " +
+                          std::to_string(bytes) + " bytes");
+  }
+  Link::Receive receive{stamped(expected), static_cast<uint8_t*>(data), bytes, accumulate};
+  receive.tentative = true;
+  channel_->refused = false;
+  channel_->pushReceive(receive);
+  try {
+    link_->postTentatively(*channel_);
+  } catch (...) {
+    link_->connectionFailed(std::current_exception(), false);
+    link_->rethrowConnectionFailure(*channel_);
+  }
 }
 
 bool ChannelPair::recvRefused() const noexcept {
@@ -569,7 +665,8 @@ bool ChannelPair::withdrawTentativeRecv() noexcept {
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
   Link& link = *link_;
   if (channel_->receives.size() != 1 || !channel_->receives.front().tentative) return false;
-  if (link.incomingChannel_ == channel_) {
+  if (link.incomingChannel_ == channel_ && link.incoming_ != Link::Incoming::kIntoArrived) {
+    // The connection holds the receive: only a tentative one that took nothing comes back.
     if (link.incoming_ != Link::Incoming::kTentative || !link.connection_->withdrawTentativeRecv()) return false;
     link.incoming_ = Link::Incoming::kNone;
     link.incomingChannel_ = nullptr;
@@ -612,23 +709,13 @@ void ChannelPair::detachRecvs() {
   for (Link::Receive& receive : channel_->receives) receive.discard = true;
 }
 
-bool ChannelPair::peerTookEverything() const noexcept {
-  const std::lock_guard<SpinMutex> lock(link_->mutex_);
-  return link_->connection_->peerTookEverything();
-}
-
-bool ChannelPair::endedCleanly() const noexcept {
-  const std::lock_guard<SpinMutex> lock(link_->mutex_);
-  return link_->ended_;
-}
-
 void ChannelPair::checkIncoming(const Envelope* current) {
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
   Link& link = *link_;
   Link::Channel& channel = *channel_;
   if (!channel.receives.empty()) return;
   link.drive();
-  rethrowIfFailed();
+  if (channel.failure != nullptr) fail(channel.failure);
   const Envelope* next = nullptr;
   size_t nextBytes = 0;
   if (!channel.arrived.empty()) {
@@ -643,18 +730,19 @@ void ChannelPair::checkIncoming(const Envelope* current) {
     const bool otherCall = current != nullptr && actual.sequence == current->sequence && actual != *current;
     if (isNotice(actual) || otherCall) {
       const Envelope expected = current != nullptr ? *current : Envelope{};
-      link.failChannel(channel, std::make_exception_ptr(EnvelopeMismatch(
-                                    peerRank(), expected, 0, actual, nextBytes,
-                                    peerDescription() + " sent " + envelopeText(actual, nextBytes) +
-                                        " where no message was expected")));
-      std::rethrow_exception(channel.failure);
+      fail(std::make_exception_ptr(EnvelopeMismatch(peerRank(), expected, 0, actual, nextBytes,
+                                                    peerDescription() + " sent " + envelopeText(actual, nextBytes) +
+                                                        " where no message was expected")));
     }
   }
   if (link.failure_ != nullptr &&
-      (!channel.sendsDone() ||
-       (channel.sendsPosted > 0 && !link.connection_->peerTookEverything()))) {
+      (!link.ended_ || !channel.sendsDone() ||
+       (channel.sendsPosted.load(std::memory_order_relaxed) > 0 && !link.connection_->peerTookEverything()))) {
     // A peer that went away before it took what this side sent never will.
     link.rethrowConnectionFailure(channel);
+  }
+  if (channel.peerClosed && channel.arrived.empty() && !channel.sendsDone()) {
+    fail(peerClosedError(link.pendingText(channel)));
   }
 }
 
@@ -668,30 +756,41 @@ void ChannelPair::arm(pollfd* pfd, bool incoming) {
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
   Link& link = *link_;
   channel_->wantsIncoming = incoming;
+  // With this channel's wish known, a message left in the connection is taken or stays:
+  // what the connection is armed for below follows from that.
+  link.drive();
+  channel_->sleeping = true;
+  ++link.sleepers_;
+  const int sleep = link.sleepDescriptor();
   if (link.connectionArmedBy_ == nullptr) {
     link.connectionArmedBy_ = this;
+    pollfd connection{};
     if (link.incoming_ == Link::Incoming::kNone && !link.headLeft_) {
-      link.connection_->armWaitForIncoming(pfd);
+      link.connection_->armWaitForIncoming(&connection);
     } else {
-      link.connection_->armWait(pfd);
+      link.connection_->armWait(&connection);
     }
-    return;
-  }
-  // Another thread sleeps on the connection: this one sleeps on the link's eventfd, which
-  // every pass that moves something signals.
-  if (!link.notify_.valid()) {
-    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (fd >= 0) {
-      link.notify_.reset(fd);
+    if (sleep < 0) {
+      *pfd = connection;
+      return;
+    }
+    epoll_event event{};
+    uint32_t events = 0;
+    if ((connection.events & POLLIN) != 0) events |= EPOLLIN;
+    if ((connection.events & POLLOUT) != 0) events |= EPOLLOUT;
+    if ((connection.events & POLLRDHUP) != 0) events |= EPOLLRDHUP;
+    event.events = events;
+    event.data.fd = connection.fd;
+    const int op = link.connectionInEpoll_ ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (::epoll_ctl(sleep, op, connection.fd, &event) == 0) {
+      link.connectionInEpoll_ = true;
+      link.connectionFd_ = connection.fd;
     } else {
-      RINGTREE_WARN("cannot create the eventfd of the connection to " << link.peerDescription_ << " ("
-                                                                       << net::errnoText(errno)
-                                                                       << "): waiting on it in timed sleeps");
+      RINGTREE_WARN("cannot wait on the connection to " << link.peerDescription_ << " through epoll ("
+                                                        << net::errnoText(errno) << "): a slice-bounded wait");
     }
   }
-  channel_->notifyArmed = true;
-  ++link.notifySleepers_;
-  pfd->fd = link.notify_.valid() ? link.notify_.fd() : -1;
+  pfd->fd = sleep;  // -1 (the kernel refused the descriptors): poll() sleeps its timeout
   pfd->events = POLLIN;
   pfd->revents = 0;
 }
@@ -704,23 +803,12 @@ void ChannelPair::disarmWait() {
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
   Link& link = *link_;
   channel_->wantsIncoming = false;
-  if (link.connectionArmedBy_ == this) {
-    link.connection_->disarmWait();
-    link.connectionArmedBy_ = nullptr;
-    // A thread sleeping on the eventfd takes over the connection.
-    if (link.notifySleepers_ > 0) link.signalSleepers();
+  if (channel_->sleeping) {
+    channel_->sleeping = false;
+    --link.sleepers_;
+    link.takeToken();
   }
-  if (channel_->notifyArmed) {
-    channel_->notifyArmed = false;
-    if (--link.notifySleepers_ == 0 && link.notifySignalled_) {
-      uint64_t count = 0;
-      if (::read(link.notify_.fd(), &count, sizeof(count)) < 0 && errno != EAGAIN) {
-        RINGTREE_WARN("reading the eventfd of the connection to " << link.peerDescription_
-                                                                  << " failed: " << net::errnoText(errno));
-      }
-      link.notifySignalled_ = false;
-    }
-  }
+  if (link.connectionArmedBy_ == this) link.disarmConnection();
 }
 
 void ChannelPair::sendNotice(const Envelope& notice, net::Deadline deadline) noexcept {
@@ -731,6 +819,8 @@ void ChannelPair::sendNotice(const Envelope& notice, net::Deadline deadline) noe
     if (channel.closed) return;
     const bool peerListens = link.failure_ == nullptr && !channel.peerClosed;
     link.close(channel, deadline, /*sendBuffersValid=*/true);
+    link.failChannel(channel, std::make_exception_ptr(NetworkError(
+                                  "the channel to " + peerDescription() + " was abandoned after a failed call")));
     if (peerListens && link.failure_ == nullptr) {
       // Right before the close message close() queued.
       link.outgoing_.insert(link.outgoing_.end() - 1, Link::Outgoing{nullptr, stamped(notice), nullptr, 0, nullptr});
@@ -740,8 +830,6 @@ void ChannelPair::sendNotice(const Envelope& notice, net::Deadline deadline) noe
                std::none_of(link.outgoing_.begin(), link.outgoing_.end(), ours);
       });
     }
-    link.failChannel(channel, std::make_exception_ptr(NetworkError(
-                                  "the channel to " + peerDescription() + " was abandoned after a failed call")));
   } catch (...) {
     // Best effort: the peer then does not learn why this rank gave up.
   }

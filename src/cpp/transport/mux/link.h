@@ -68,12 +68,19 @@ ChannelId channelIdOf(const std::string& name);
 // done (a shared-memory peer copying from the buffer past the deadline) is the whole
 // connection given up, failing every channel.
 //
+// A channel that fails (a mismatch, the peer closing its end, a give-up) lets go of its
+// operations when the failure first reaches its caller, while their buffers are still
+// valid: a send the connection is moving is detached, the others dropped; the link never
+// touches a buffer of it again.
+//
 // Threading: channels may be used from different threads at once; all state, the
 // connection included, is guarded by one mutex (a SpinMutex: taken by every channel call
-// and released between calls; pendingSends/pendingRecvs read counters without it). Whoever calls progress on any channel moves every channel's messages.
-// One thread at a time sleeps on the connection's descriptor (armWait); the others sleep
-// on the link's eventfd, which is signalled whenever a pass moves anything while they
-// wait, and when the sleeper on the connection leaves it.
+// and released between calls; pendingSends/pendingRecvs read counters without it).
+// Whoever calls progress on any channel moves every channel's messages. Threads that wait
+// on the link all sleep on one epoll descriptor of its own (made by the first sleep),
+// which holds the connection's descriptor (armed by the first of them) and an eventfd:
+// every pass that moves something while threads sleep gives each of them a token there,
+// so a thread whose message another thread's pass took wakes at once.
 class Link : public std::enable_shared_from_this<Link> {
  public:
   // The largest Accumulate element size a channel takes (the smallest a transport takes).
@@ -134,7 +141,7 @@ class Link : public std::enable_shared_from_this<Link> {
     std::deque<Receive> receives;  // posted, unfinished; the front may be a transfer's target
     std::exception_ptr failure;    // this channel's own failure (a mismatch, given up)
     bool wantsIncoming = false;    // armed for incoming messages (armWaitForIncoming)
-    bool notifyArmed = false;      // sleeping on the link's eventfd
+    bool sleeping = false;         // armed: its thread sleeps on the link
     bool closed = false;           // given up (sendNotice): its close message is sent
     bool refused = false;          // its tentative receive refused the next message
     // The peer's side.
@@ -175,8 +182,8 @@ class Link : public std::enable_shared_from_this<Link> {
 
   // Each below runs with mutex_ held.
   // Moves every channel's messages as far as possible without waiting; records a
-  // connection failure instead of throwing. Returns whether anything moved; signals the
-  // eventfd sleepers when it did.
+  // connection failure instead of throwing. Returns whether anything moved; gives the
+  // sleepers their tokens when it did.
   bool drive();
   // Decides where the connection's next message goes; false when it stays there.
   bool dispatch(const Envelope& envelope, size_t bytes);
@@ -208,15 +215,27 @@ class Link : public std::enable_shared_from_this<Link> {
   // operation, "" when it has none.
   std::string pendingText(const Channel& channel) const;
   void failChannel(Channel& channel, std::exception_ptr error);
+  // Gives every sleeping thread a token (wakes it), unless it has one already.
   void signalSleepers();
+  // The epoll descriptor sleepers poll (made with the eventfd on first use; -1 when the
+  // kernel refuses: sleepers then poll the connection, or nothing, in timed sleeps).
+  int sleepDescriptor();
+  // A sleeper leaves: takes back its token if it was given one.
+  void takeToken();
+  // The pair that armed the connection leaves it: disarmed, out of the epoll set's
+  // interest, and another sleeper woken to take it over.
+  void disarmConnection();
   // Drives until `done()`, the deadline, or kStallLimit without any move; releases the
   // mutex between passes. Returns done().
   template <typename Done>
   bool driveUntil(std::unique_lock<SpinMutex>& lock, net::Deadline deadline, Done done);
-  // Closes `channel` (ChannelPair::sendNotice, ~ChannelPair): detaches a message of it
-  // that the connection is moving (Pair::detachSends when sendBuffersValid, detachRecvs;
-  // when a send cannot be detached, gives the connection up), drops its other operations
-  // and what arrived for it, and queues its close message.
+  // Lets go of `channel`'s operations: detaches a message of it that the connection is
+  // moving (Pair::detachSends when sendBuffersValid, detachRecvs; when a send cannot be
+  // detached, gives the connection up), drops its other operations and what arrived for
+  // it. The link touches none of its buffers afterwards.
+  void quiesce(Channel& channel, net::Deadline deadline, bool sendBuffersValid);
+  // Closes `channel` (ChannelPair::sendNotice, ~ChannelPair): quiesce(), then its close
+  // message is queued.
   void close(Channel& channel, net::Deadline deadline, bool sendBuffersValid);
 
   mutable SpinMutex mutex_;
@@ -246,10 +265,14 @@ class Link : public std::enable_shared_from_this<Link> {
   bool ended_ = false;          // it ended cleanly (failure_ holds how, for who needs the peer)
 
   // Sleeping.
-  const void* connectionArmedBy_ = nullptr;  // the pair whose thread sleeps on the connection
-  int notifySleepers_ = 0;                   // pairs whose threads sleep on notify_
-  net::Socket notify_;                       // eventfd
-  bool notifySignalled_ = false;
+  const void* connectionArmedBy_ = nullptr;  // the pair whose thread armed the connection
+  int sleepers_ = 0;                         // pairs whose threads sleep on the link
+  int tokens_ = 0;                           // tokens in notify_ (a semaphore eventfd)
+  net::Socket notify_;                       // eventfd, in epoll_
+  net::Socket epoll_;                        // notify_, and the connection while armed
+  bool connectionInEpoll_ = false;
+  int connectionFd_ = -1;  // the connection's descriptor in epoll_
+  bool sleepDescriptorsFailed_ = false;  // the kernel refused them once: not asked again
 };
 
 // One channel of a Link: a Pair over the link's connection whose messages are those of
@@ -297,7 +320,13 @@ class ChannelPair final : public Pair {
 
   Envelope stamped(const Envelope& envelope) const;
   // Throws the channel's failure, or the connection's (as the channel names the peer).
-  void rethrowIfFailed() const;
+  void rethrowIfFailed();
+  // Records `error` as the channel's failure (unless it has one), lets go of the
+  // channel's operations (Link::quiesce: their buffers are valid until this returns) and
+  // throws the channel's failure.
+  [[noreturn]] void fail(std::exception_ptr error);
+  // The PeerError of a channel whose peer closed its end, `doing` saying when.
+  std::exception_ptr peerClosedError(const std::string& doing) const;
   void arm(pollfd* pfd, bool incoming);
 
   std::shared_ptr<Link> link_;

@@ -134,12 +134,15 @@ bool ShmPair::detachSends(net::Deadline deadline) {
   };
   for (DirectSend& send : directInFlight_) {
     if (send.copy != nullptr) continue;
-    std::unique_ptr<uint8_t[]> copy = copyOf(send.data, send.bytes);
+    // Kept with the send from here on, whatever follows: a reader that took the message
+    // after the address below was stored may be pulling from it.
+    send.copy = copyOf(send.data, send.bytes);
+    send.data = send.copy.get();
     DirectDescriptor& descriptor = txDescriptor(send.headerEnd);
-    descriptor.address.store(reinterpret_cast<uintptr_t>(copy.get()), std::memory_order_relaxed);
+    descriptor.address.store(reinterpret_cast<uintptr_t>(send.copy.get()), std::memory_order_relaxed);
     uint32_t state = kDirectPosted;
     if (!descriptor.state.compare_exchange_strong(state, kDirectMoved, std::memory_order_acq_rel)) {
-      // The peer pulls from the caller's buffer: that ends with a copy's time.
+      // The peer pulls from the caller's buffer (or the copy): that ends with a copy's time.
       try {
         while (reloadTail() < send.headerEnd) {
           checkPeerAlive();
@@ -150,8 +153,6 @@ bool ShmPair::detachSends(net::Deadline deadline) {
         return false;  // a peer that corrupted the tail: the pair fails on its next call
       }
     }
-    send.copy = std::move(copy);
-    send.data = send.copy.get();
   }
   for (SendOp& op : sends_) {
     if (op.copy != nullptr || op.bytes == 0) continue;
