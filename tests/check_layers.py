@@ -45,7 +45,9 @@ LAYERS = {
                               "the shm_direct collectives see what algorithms/ sees, and the node arena they run over"),
     "p2p": (("common", "transport/pair.h", "communicator_impl.h"),
             "point-to-point sees transport interfaces only, never a concrete transport"),
-    "backends": ((".", "common", "algorithms", "p2p"),
+    "backends/cuda": (("common",), "the CUDA backend sees common/ only: it drives the GPU through the tables of "
+                      "gpu_api.h and nccl_api.h, never a CUDA header"),
+    "backends": ((".", "common", "algorithms", "p2p", "backends/cuda"),
                  "backends (ProcessGroup and the CPU engine) see the algorithms, point-to-point and the communicator, "
                  "never a transport"),
 }

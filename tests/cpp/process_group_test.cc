@@ -17,10 +17,12 @@
 #include <thread>
 #include <vector>
 
+#include <ringtree/cuda.h>
 #include <ringtree/device_backend.h>
 #include <ringtree/error.h>
 #include <ringtree/process_group.h>
 
+#include "backends/cuda/backend_choice.h"
 #include "backends/operation_queue.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
@@ -424,6 +426,8 @@ std::unique_ptr<DeviceBackend> makeHostBackedCuda(const DeviceBackendContext& co
 TEST(DeviceBackends, CudaBuffersGoToTheRegisteredBackendMadeOnFirstUse) {
   constexpr Device kCuda0{DeviceType::kCuda, 0};
   const std::shared_ptr<Store> store = test::freshStore();
+  ASSERT_TRUE(hasDeviceBackend(DeviceType::kCuda));  // the built-in NCCL backend
+  registerDeviceBackend(DeviceType::kCuda, nullptr, nullptr);
   ASSERT_FALSE(hasDeviceBackend(DeviceType::kCuda));
   HostBackedCudaBackend::made = 0;  // counts of this run only (--gtest_repeat)
   HostBackedCudaBackend::calls = 0;
@@ -473,7 +477,24 @@ TEST(DeviceBackends, CudaBuffersGoToTheRegisteredBackendMadeOnFirstUse) {
             }),
             "all_reduce: the buffers are on cuda:0, but this ProcessGroup was made without a store, which its "
             "host-backed backend needs to set up");
-  registerDeviceBackend(DeviceType::kCuda, nullptr, nullptr);
+  registerDeviceBackend(DeviceType::kCuda, "cuda", &cuda::makeDefaultCudaBackend);
+}
+
+// Without ringtree's CUDA library (or a driver, or a device), the built-in backend's
+// factory says what is missing, on every rank, when the first CUDA buffer arrives.
+TEST(DeviceBackends, TheBuiltInCudaBackendSaysWhatIsMissing) {
+  if (cudaStatus().available) GTEST_SKIP() << "this machine can run CUDA buffers";
+  ASSERT_TRUE(hasDeviceBackend(DeviceType::kCuda));
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    const auto group = makeGroup(rank, 2, store);
+    int32_t value = 1;
+    const std::string message = messageOf<Error>([&] {
+      group->allreduce(BufferView(&value, 1, DataType::kInt32, Device{DeviceType::kCuda, 0}));
+    });
+    EXPECT_EQ(message, cudaStatus().reason);
+    EXPECT_NE(message.find("CUDA"), std::string::npos) << message;
+  });
 }
 
 // --- The operation queue under the CPU engine.

@@ -7,6 +7,7 @@
 
 #include <ringtree/error.h>
 
+#include "backends/cuda/backend_choice.h"
 #include "backends/device_registry.h"
 #include "common/validation.h"
 
@@ -40,7 +41,15 @@ std::vector<BufferView> partsOf(const BufferView& whole, const std::vector<size_
 }
 
 std::mutex registryMutex;
-std::array<detail::DeviceBackendRegistration, kNumDeviceTypes> registry;
+static_assert(static_cast<int>(DeviceType::kCuda) == 1, "the registry below lists device types in order");
+// CUDA buffers go to NCCL with ringtree's CUDA library until someone registers otherwise;
+// the factory loads both on first use.
+std::array<detail::DeviceBackendRegistration, kNumDeviceTypes> registry{
+    detail::DeviceBackendRegistration{},
+    detail::DeviceBackendRegistration{"cuda", &cuda::makeDefaultCudaBackend}};
+
+// The calling thread's current stream of each device index (null: the default stream).
+thread_local std::vector<void*> currentStreams;
 
 }  // namespace
 
@@ -80,6 +89,16 @@ std::shared_ptr<Work> DeviceBackend::alltoallSingle(const BufferView& output, co
                   submission);
 }
 
+std::vector<std::shared_ptr<Work>> DeviceBackend::batchIsendIrecv(const std::vector<PointToPointOp>& ops,
+                                                                   std::shared_ptr<void> keepAlive) {
+  std::vector<std::shared_ptr<Work>> works;
+  works.reserve(ops.size());
+  for (const PointToPointOp& op : ops) {
+    works.push_back(op.send ? isend(op.tensor, op.peer, op.tag, keepAlive) : irecv(op.tensor, op.peer, op.tag, keepAlive));
+  }
+  return works;
+}
+
 void registerDeviceBackend(DeviceType type, const char* name, DeviceBackendFactory factory) {
   if (type == DeviceType::kCpu || static_cast<int>(type) >= kNumDeviceTypes) {
     throw InvalidArgument(std::string("registerDeviceBackend: cannot register a backend for device type ") +
@@ -93,6 +112,22 @@ void registerDeviceBackend(DeviceType type, const char* name, DeviceBackendFacto
 
 bool hasDeviceBackend(DeviceType type) {
   return type == DeviceType::kCpu || detail::registeredDeviceBackend(type).factory != nullptr;
+}
+
+void setCurrentStream(const Device& device, void* stream) {
+  if (device.type == DeviceType::kCpu || device.index < 0) return;
+  const auto index = static_cast<size_t>(device.index);
+  if (index >= currentStreams.size()) {
+    if (stream == nullptr) return;
+    currentStreams.resize(index + 1, nullptr);
+  }
+  currentStreams[index] = stream;
+}
+
+void* currentStream(const Device& device) {
+  if (device.type == DeviceType::kCpu || device.index < 0) return nullptr;
+  const auto index = static_cast<size_t>(device.index);
+  return index < currentStreams.size() ? currentStreams[index] : nullptr;
 }
 
 namespace detail {

@@ -113,6 +113,7 @@ DeviceBackend& ProcessGroup::makeDeviceBackend(const char* what, const Device& d
   context.size = size_;
   context.timeout = cpu_->communicator().timeout();
   context.device = device;
+  context.host = cpu_.get();
   std::unique_ptr<DeviceBackend> backend = registration.factory(context);
   if (!backend || backend->deviceType() != device.type || backend->rank() != rank_ || backend->size() != size_) {
     throw Error(std::string(what) + ": the " + registration.name + " backend factory made no backend for " +
@@ -301,6 +302,29 @@ std::shared_ptr<Work> ProcessGroup::isend(const BufferView& tensor, int dst, int
 std::shared_ptr<Work> ProcessGroup::irecv(const BufferView& tensor, int src, int tag, std::shared_ptr<void> keepAlive) {
   const Device device = validation::checkRecv({rank_, size_}, "irecv", tensor, src, tag);
   return backendFor("irecv", device).irecv(tensor, src, tag, std::move(keepAlive));
+}
+
+std::vector<std::shared_ptr<Work>> ProcessGroup::batchIsendIrecv(const std::vector<PointToPointOp>& ops,
+                                                                  std::shared_ptr<void> keepAlive) {
+  const char* what = "batch_isend_irecv";
+  if (ops.empty()) throw InvalidArgument("batch_isend_irecv needs at least one operation, got none");
+  Device device{};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PointToPointOp& op = ops[i];
+    if (!op.send && op.peer == kAnySource) {
+      throw InvalidArgument("batch_isend_irecv: op " + std::to_string(i) + " receives from any source, which a "
+                            "batch cannot (name the source rank)");
+    }
+    const Device opDevice = op.send ? validation::checkSend({rank_, size_}, what, op.tensor, op.peer, op.tag)
+                                    : validation::checkRecv({rank_, size_}, what, op.tensor, op.peer, op.tag);
+    if (i == 0) {
+      device = opDevice;
+    } else if (opDevice != device) {
+      throw InvalidArgument("batch_isend_irecv: operations on different devices: op 0 is on " + deviceName(device) +
+                            " but op " + std::to_string(i) + " is on " + deviceName(opDevice));
+    }
+  }
+  return backendFor(what, device).batchIsendIrecv(ops, std::move(keepAlive));
 }
 
 void ProcessGroup::shutdown() {

@@ -39,4 +39,10 @@ size_t flightRecorderEntries() {
 
 std::string flightRecorderDir() { return getString("RINGTREE_FLIGHT_RECORDER_DIR"); }
 
+std::string ncclPath() { return getString("RINGTREE_NCCL_PATH"); }
+
+std::string cudaLibrary() { return getString("RINGTREE_CUDA_LIBRARY"); }
+
+std::string cudaBackend() { return getString("RINGTREE_CUDA_BACKEND"); }
+
 }  // namespace ringtree::env

@@ -45,6 +45,20 @@ size_t flightRecorderEntries();
 // (empty: no files).
 std::string flightRecorderDir();
 
+// RINGTREE_NCCL_PATH: the NCCL library file, or a folder holding libnccl.so.2, where
+// the CUDA backend looks after a libnccl already loaded and the nvidia-nccl wheels
+// (backends/cuda/nccl_loader.h). Default: unset (empty).
+std::string ncclPath();
+
+// RINGTREE_CUDA_LIBRARY: ringtree's CUDA library file (libringtree_cuda.so), looked at
+// before the one beside the core (backends/cuda/gpu_runtime.h). Default: unset (empty).
+std::string cudaLibrary();
+
+// RINGTREE_CUDA_BACKEND: auto|nccl|staged, what serves a group's CUDA buffers
+// (backends/cuda/backend_choice.h): auto takes NCCL unless two ranks share a GPU or one
+// has no usable NCCL. Default: unset (empty, as auto).
+std::string cudaBackend();
+
 // Reads an environment variable; returns fallback when it is unset.
 std::string getString(const char* name, const std::string& fallback = "");
 

@@ -28,6 +28,14 @@ struct Submission {
   std::shared_ptr<void> keepAlive;
 };
 
+// One send or receive of ProcessGroup::batchIsendIrecv.
+struct PointToPointOp {
+  bool send = true;  // false: a receive
+  BufferView tensor;
+  int peer = 0;      // the destination, or the source (never kAnySource in a batch)
+  int tag = 0;
+};
+
 // One engine of one ProcessGroup, for the buffers on devices of deviceType().
 //
 // ProcessGroup validates every argument before it calls a backend (counts, types, ops,
@@ -113,6 +121,11 @@ class RINGTREE_API DeviceBackend {
   virtual int recv(const BufferView& tensor, int src, int tag) = 0;
   virtual std::shared_ptr<Work> isend(const BufferView& tensor, int dst, int tag, std::shared_ptr<void> keepAlive) = 0;
   virtual std::shared_ptr<Work> irecv(const BufferView& tensor, int src, int tag, std::shared_ptr<void> keepAlive) = 0;
+  // Posts every op before any is waited for, and returns one Work per op (ops may share
+  // one). The default posts isend/irecv in list order, which suits engines whose posting
+  // never blocks; a backend whose peers must see the ops together (NCCL) overrides it.
+  virtual std::vector<std::shared_ptr<Work>> batchIsendIrecv(const std::vector<PointToPointOp>& ops,
+                                                             std::shared_ptr<void> keepAlive);
 
   // See ProcessGroup::shutdown() and ProcessGroup::abort().
   virtual void shutdown() = 0;
@@ -135,6 +148,10 @@ struct DeviceBackendContext {
   int size = 1;
   std::chrono::milliseconds timeout{0};
   Device device{};
+  // The group's CPU engine, for a backend that stages device buffers through host memory
+  // (the CUDA backend where NCCL cannot serve the group). It outlives the device backends
+  // and is shut down before them: use it only from operations.
+  DeviceBackend* host = nullptr;
 };
 
 // Makes a group's backend for one device type (a collective over the group's ranks:
@@ -149,7 +166,20 @@ using DeviceBackendFactory = std::unique_ptr<DeviceBackend> (*)(const DeviceBack
 // InvalidArgument for kCpu.
 RINGTREE_API void registerDeviceBackend(DeviceType type, const char* name, DeviceBackendFactory factory);
 
-// Whether a backend factory is registered for `type` (always true for kCpu).
+// Whether a backend factory is registered for `type` (always true for kCpu). The CUDA
+// backend (NCCL with ringtree's CUDA library) counts as registered from the start: its
+// factory loads the libraries when a group first meets a CUDA buffer, and throws what is
+// missing.
 RINGTREE_API bool hasDeviceBackend(DeviceType type);
+
+// The calling thread's current stream on `device` (a cudaStream_t for kCuda; null: the
+// legacy default stream), as torch and CuPy keep one per thread and device. A device
+// operation waits for the work enqueued on it before the call, and a synchronous one is
+// ordered before whatever is enqueued on it after the call returns; an asynchronous
+// one's Work::wait() returns once the operation finished. The Python layer sets it from
+// torch.cuda.current_stream() / CuPy's current stream for each call; C++ callers set it
+// themselves. Ignored for kCpu.
+RINGTREE_API void setCurrentStream(const Device& device, void* stream);
+RINGTREE_API void* currentStream(const Device& device);
 
 }  // namespace ringtree

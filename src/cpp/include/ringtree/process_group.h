@@ -248,6 +248,14 @@ class RINGTREE_API ProcessGroup {
   // Work::sourceRank() names the sender).
   std::shared_ptr<Work> isend(const BufferView& tensor, int dst, int tag = 0, std::shared_ptr<void> keepAlive = nullptr);
   std::shared_ptr<Work> irecv(const BufferView& tensor, int src, int tag = 0, std::shared_ptr<void> keepAlive = nullptr);
+  // Sends and receives posted together, as torch's batch_isend_irecv: their order in the
+  // list cannot deadlock (two ranks may each send to the other first). Every buffer on one
+  // device; sources are group ranks (no kAnySource). One Work per op, in order (on a CUDA
+  // group the ops run as one NCCL group and share one Work); `keepAlive` is held until
+  // every op finished. Throws InvalidArgument for an empty list or a bad op, before any
+  // is posted.
+  std::vector<std::shared_ptr<Work>> batchIsendIrecv(const std::vector<PointToPointOp>& ops,
+                                                     std::shared_ptr<void> keepAlive = nullptr);
 
   // --- Life cycle.
 
