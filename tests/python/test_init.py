@@ -358,7 +358,7 @@ def test_init_barrier_env(monkeypatch):
 
 def test_availability():
     assert ringtree.is_available() and ringtree.is_gloo_available()
-    assert not ringtree.is_nccl_available()
+    assert ringtree.is_nccl_available() == (ringtree.cuda.is_available() and ringtree.cuda.nccl_path() != "")
     assert ringtree.is_mpi_available() == ringtree.is_backend_available("mpi")  # with or without MPI
     assert ringtree.is_backend_available("gloo")
     assert ringtree.get_default_backend_for_device("cpu") == "gloo"

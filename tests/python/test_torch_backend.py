@@ -87,7 +87,7 @@ def one_rank():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("backend", ["ringtree", "RINGTREE", "cpu:ringtree"])
+@pytest.mark.parametrize("backend", ["ringtree", "RINGTREE", "cpu:ringtree", "cpu:ringtree,cuda:ringtree"])
 def test_backend_strings_that_work(one_rank, backend):
     one_rank(backend)
     t = torch.ones(3)
@@ -100,19 +100,26 @@ def test_backend_strings_that_work(one_rank, backend):
 @pytest.mark.parametrize(("backend", "text"), [
     ("cpu:ringtree,cuda:gloo", "cannot share one with 'gloo' for cuda"),
     ("cpu:gloo,cuda:ringtree", "cannot share one with 'gloo' for cpu"),
-    ("cpu:ringtree,cuda:ringtree", "ringtree serves only cpu tensors in this build"),
+    ("cpu:ringtree,xpu:ringtree", "ringtree serves cpu and cuda tensors, not xpu"),
 ])
 def test_backend_strings_that_cannot_be_honoured_raise(one_rank, backend, text):
     with pytest.raises(ValueError, match=text):
         one_rank(backend)
 
 
-def test_a_cuda_tensor_is_refused_clearly(one_rank):
+def test_cuda_tensors_go_to_ringtrees_cuda_path(one_rank):
     one_rank("ringtree")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    with pytest.raises(Exception, match="cuda"):
-        dist.all_reduce(torch.ones(2, device="cuda"))
+    import ringtree
+
+    t = torch.ones(2, device="cuda")
+    if not ringtree.cuda.is_available():
+        with pytest.raises(Exception, match="CUDA"):
+            dist.all_reduce(t)
+        return
+    dist.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0]
 
 
 def test_bad_arguments_raise_torch_exceptions(one_rank):

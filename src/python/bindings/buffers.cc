@@ -1,5 +1,7 @@
 #include "buffers.h"
 
+#include <ringtree/device_backend.h>
+
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -64,7 +66,8 @@ struct ExchangeApi {
   int (*managedTensorFromPyObjectNoSync)(void* object, ManagedTensorVersioned** out);
   void* managedTensorToPyObjectNoSync;
   void* dltensorFromPyObjectNoSync;
-  void* currentWorkStream;
+  // The producer's current stream on a device (torch: torch.cuda.current_stream()); may be null.
+  int (*currentWorkStream)(int32_t deviceType, int32_t deviceId, void** stream);
 };
 
 }  // namespace dl
@@ -400,6 +403,14 @@ void Buffer::fromExchangeApi(py::handle object, const void* api, Access access, 
     throw py::value_error(std::string(what) + ": the buffer is read-only, and the collective writes it in place");
   }
   readTensor(&managed->tensor, what);
+  // The table exports without synchronising: CUDA work on the buffer is ordered after the
+  // producer's current stream, which the device backend then waits for.
+  if (device_.type == DeviceType::kCuda && table->currentWorkStream != nullptr) {
+    void* stream = nullptr;
+    if (table->currentWorkStream(dl::kCuda, managed->tensor.device.deviceId, &stream) == 0) {
+      setCurrentStream(device_, stream);
+    }
+  }
 }
 
 void Buffer::fromCapsule(py::handle object, Access access, const char* what) {
@@ -448,6 +459,9 @@ void Buffer::readTensor(const void* tensorPtr, const char* what) {
   const int32_t device = tensor.device.deviceType;
   if (device == dl::kCuda) {
     device_ = Device{DeviceType::kCuda, tensor.device.deviceId};  // ProcessGroup picks its backend
+    // __dlpack__() without a stream made the buffer ready for the legacy default stream
+    // (the protocol's rule), which is what the device backend waits for unless told more.
+    setCurrentStream(device_, nullptr);
   } else if (device != dl::kCpu && device != dl::kCudaHost) {
     throw py::value_error(std::string(what) + ": the buffer is on DLPack device type " + std::to_string(device) +
                           "; ringtree's collectives take host (CPU) and CUDA memory");

@@ -2,6 +2,7 @@
 
 #include <ringtree/version.h>
 
+#include "cuda.h"
 #include "diagnostics.h"
 #include "errors.h"
 #include "foreign_store.h"
@@ -20,4 +21,5 @@ PYBIND11_MODULE(_C, m) {
   ringtree::python::initProcessGroup(m);
   ringtree::python::initDiagnostics(m);
   ringtree::python::initMpiSupport(m);
+  ringtree::python::initCuda(m);
 }

@@ -443,6 +443,28 @@ py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   return pythonWork(std::move(work), listOf(tensor));
 }
 
+// ops: (is_send, tensor, peer, tag) tuples, posted together.
+py::list batchIsendIrecv(ProcessGroup& group, const std::vector<py::tuple>& ops) {
+  auto buffers = std::make_shared<std::vector<Buffer>>();
+  buffers->reserve(ops.size());
+  std::vector<PointToPointOp> native;
+  native.reserve(ops.size());
+  for (const py::tuple& op : ops) {
+    if (op.size() != 4) throw py::value_error("batch_isend_irecv: each op is (is_send, tensor, peer, tag)");
+    const bool send = op[0].cast<bool>();
+    buffers->emplace_back(op[1], send ? Access::kRead : Access::kReadWrite, send ? "isend" : "irecv");
+    native.push_back(PointToPointOp{send, buffers->back().view(), op[2].cast<int>(), op[3].cast<int>()});
+  }
+  std::vector<std::shared_ptr<Work>> works;
+  {
+    py::gil_scoped_release release;
+    works = group.batchIsendIrecv(native, buffers);
+  }
+  py::list result;
+  for (size_t i = 0; i < works.size(); ++i) result.append(pythonWork(works[i], listOf(ops[i][1])));
+  return result;
+}
+
 }  // namespace calls
 
 namespace {
@@ -575,6 +597,8 @@ object with __dlpack__ or the buffer protocol, used in place; ranks are group ra
            "Sends tensor to the group rank dst; the Work completes when tensor may be reused.")
       .def("irecv", &calls::irecv, py::arg("tensor"), py::arg("src"), py::arg("tag"),
            "Receives into tensor from the group rank src (-1: any rank; Work.source_rank() names it).")
+      .def("batch_isend_irecv", &calls::batchIsendIrecv, py::arg("ops"),
+           "Posts (is_send, tensor, peer, tag) ops together, as torch's batch_isend_irecv; one Work per op.")
       .def("shutdown", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Refuses new operations, runs the queued collectives, stops the worker thread and fails pending "
            "point-to-point operations.")

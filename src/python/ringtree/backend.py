@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import mpi
+from . import cuda, mpi
 from .errors import DistBackendError
 
 __all__ = [
@@ -143,11 +143,12 @@ class BackendConfig:
         return ",".join(f"{device}:{name}" for device, name in self.device_backend_map.items())
 
 
-# Backends this build provides. "gloo" is ringtree's own CPU engine.
+# Backends this build always provides. "gloo" is ringtree's own CPU engine; "nccl" is
+# there when is_nccl_available().
 _BUILTIN_BACKENDS = {Backend.GLOO}
-# Why each known backend this build lacks is not available.
+# Why each known backend this build lacks is not available ("nccl": see unavailable_reason).
 _UNAVAILABLE_BACKENDS = {
-    Backend.NCCL: "ringtree was built without NCCL support (no CUDA path in this build)",
+    Backend.NCCL: "",
     Backend.UCC: "ringtree does not provide a UCC backend",
     Backend.XCCL: "ringtree does not provide an XCCL backend",
     Backend.FAKE: "ringtree does not provide the 'fake' backend",
@@ -164,6 +165,8 @@ def unavailable_reason(name: str) -> str:
     ``mpi`` when no MPI library can be used)."""
     if name == Backend.MPI:
         return mpi.unavailable_reason() or "it is available"
+    if name == Backend.NCCL:
+        return cuda.unavailable_reason() or "it is available"
     return _UNAVAILABLE_BACKENDS[name]
 
 
@@ -173,8 +176,9 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """False in this build: it has no CUDA/NCCL path."""
-    return False
+    """True when ringtree's CUDA library, a CUDA device and a usable NCCL are there (see
+    ringtree.cuda; the first call loads them)."""
+    return cuda.is_nccl_available()
 
 
 def is_mpi_available() -> bool:
@@ -198,6 +202,8 @@ def is_backend_available(backend: str) -> bool:
     name = Backend(backend)
     if name == Backend.MPI:
         return mpi.is_available()
+    if name == Backend.NCCL:
+        return cuda.is_nccl_available()
     return name in _BUILTIN_BACKENDS or registered_plugin(name) is not None
 
 

@@ -227,8 +227,10 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     The relative order of sends and receives in the list does not matter and cannot
     deadlock (``[recv_from_1, send_to_1]`` is ``[send_to_1, recv_from_1]``); several
     operations between the same pair of ranks in the same direction with the same tag match
-    in list order. An operation that raises (an invalid buffer or peer) leaves the ones
-    before it posted.
+    in list order. On ringtree's own engine the batch is checked whole before anything is
+    posted (an invalid buffer or peer raises and posts nothing) and CUDA tensors run as one
+    NCCL group; on the ``mpi`` backend an operation that raises leaves the ones before it
+    posted.
 
     Args:
         p2p_op_list (list[P2POp]): The operations, all on one group.
@@ -244,6 +246,10 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     if not all(p2p_op.group is group for p2p_op in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
     engine = group.p2p
+    if hasattr(engine, "batch_isend_irecv"):  # ringtree's engine: posted as one batch (one NCCL group on CUDA)
+        return engine.batch_isend_irecv(
+            [(p2p_op.op is isend, p2p_op.tensor, p2p_op.group_peer, p2p_op.tag) for p2p_op in p2p_op_list]
+        )
     works = []
     for p2p_op in p2p_op_list:
         works.append((engine.isend if p2p_op.op is isend else engine.irecv)(p2p_op.tensor, p2p_op.group_peer, p2p_op.tag))

@@ -16,7 +16,7 @@ from ._C import PrefixStore, Store, TCPStore
 from ._C import ProcessGroup as _NativeProcessGroup
 from ._resolve import NON_GROUP_MEMBER, default_group, joined_group, rank_not_in_group, registered, resolve
 from ._world import world
-from .backend import Backend, BackendConfig, parse_backend, registered_plugin, unavailable_reason
+from .backend import Backend, BackendConfig, is_nccl_available, parse_backend, registered_plugin, unavailable_reason
 from .errors import DistBackendError, DistStoreError
 from .launch_env import local_rank
 from .rendezvous import rendezvous
@@ -355,6 +355,8 @@ def _check_device_id(device_id: Any) -> None:
     device_type = getattr(device_id, "type", "cuda" if isinstance(device_id, int) else device_id)
     if device_type == "cpu":
         raise ValueError(f"init_process_group device_id parameter must be an accelerator with an index, got {device_id}")
+    if device_type == "cuda" and is_nccl_available():
+        return  # the group's CUDA backend is made on its first CUDA tensor, on that tensor's device
     raise DistBackendError(
         f"init_process_group(device_id={device_id!r}) binds an accelerator, which needs the NCCL backend: "
         + unavailable_reason(Backend.NCCL)

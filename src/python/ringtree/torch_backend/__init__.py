@@ -31,7 +31,9 @@ def register() -> None:
 
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"])
+    # One process group serves both devices: CPU tensors go to ringtree's CPU engine, CUDA
+    # tensors to its CUDA path (NCCL, or host staging), each call by its tensors' device.
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
 
 
 def _autoload() -> None:

@@ -76,10 +76,10 @@ def create_process_group(options: Any, pg_options: Any) -> RingtreeProcessGroup:
 
 def _refuse_mixed_devices() -> None:
     """Raises ValueError when the backend string being initialised maps a device to another
-    backend ("cpu:ringtree,cuda:gloo") or to ringtree on a device it has no path for: the
-    group torch makes of a Python process group is that process group alone, so torch
-    would drop the other device silently. Reads the map from torch's caller frame; does
-    nothing when that is not where torch 2.x keeps it."""
+    backend ("cpu:ringtree,cuda:gloo") or to ringtree on a device it has no path for
+    (ringtree serves cpu and cuda): the group torch makes of a Python process group is that
+    process group alone, so torch would drop the other device silently. Reads the map from
+    torch's caller frame; does nothing when that is not where torch 2.x keeps it."""
     import sys
 
     try:
@@ -96,9 +96,9 @@ def _refuse_mixed_devices() -> None:
                 f"share one with '{backend}' for {device}; give one backend for all devices ('ringtree', or "
                 f"torch's own)"
             )
-        if device != "cpu":
+        if device not in ("cpu", "cuda"):
             raise ValueError(
-                f"backend '{config}': ringtree serves only cpu tensors in this build (no GPU path for {device}); "
+                f"backend '{config}': ringtree serves cpu and cuda tensors, not {device}; "
                 f"use 'cpu:ringtree' with another backend's process group for {device} tensors"
             )
 
