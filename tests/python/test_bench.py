@@ -7,22 +7,32 @@ collective (checked against a NumPy simulation of each). End-to-end tests run 2-
 (3-rank for the collectives whose peers depend on the rank) of every system installed
 here on small sizes with ``-c 1`` and expect no wrong element; each is bounded by a
 subprocess timeout.
+
+``--device cuda`` is tested without a GPU: its options and their errors, the exit status
+2 and message when CUDA is missing, the GPU count checks against a stand-in torch, the
+synchronisation of the timed loop, and the worker's CUDA flow on buffers from torch's
+allocator in host memory. One test runs ringtree and nccl on a GPU, skipped where torch
+sees none.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import types
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ringtree
-from ringtree.bench import data, options, report, systems
+from ringtree.bench import data, devices, options, report, systems, worker
 
 BENCH = [sys.executable, "-m", "ringtree.bench"]
 SMALL = "-b 8 -e 64K -n 2 -w 1 -c 1 --timeout 40".split()
@@ -33,6 +43,7 @@ POINT_TO_POINT = ["sendrecv", "pingpong"]
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_MPI = shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
+HAVE_GPU = HAVE_TORCH and __import__("torch").cuda.is_available()
 RINGTREE_READY = all(hasattr(ringtree, f) for c in options.COLLECTIVES.values() for f in c.functions)
 
 
@@ -145,7 +156,7 @@ def test_flags_and_aliases():
 
 _BAD_COMMAND_LINES = [
     "-o band", "-d complex64", "gather", "-b 1M -e 1K", "--compare gloo", "--repeat 2", "--plot x.png",
-    "--nproc 2 -r 2", "-f 1", "-c 2", "--nproc 2 --compare nccl", "-b 0",
+    "--nproc 2 -r 2", "-f 1", "-c 2", "--nproc 2 --compare nccl", "-b 0", "--device tpu",
 ]  # fmt: skip
 
 
@@ -172,9 +183,12 @@ def test_worker_argv_round_trips():
     )
     again = options.parse_args(options.worker_argv(args, "gloo", "/tmp/result"))
     keys = "minbytes maxbytes stepfactor iters warmup_iters timing check datatype op root timeout collectives"
-    for key in keys.split():
+    for key in [*keys.split(), "device", "allow_shared_gpu"]:
         assert getattr(again, key) == getattr(args, key), key
     assert (again.system, again.result_file, again.nproc) == ("gloo", "/tmp/result", None)
+    args = options.parse_args("--device cuda --allow-shared-gpu --nproc 3 --compare nccl".split())
+    again = options.parse_args(options.worker_argv(args, "nccl", "/tmp/result"))
+    assert (again.device, again.allow_shared_gpu, again.system) == ("cuda", True, "nccl")
 
 
 def test_unsupported_combinations(monkeypatch):
@@ -524,6 +538,253 @@ def test_torch_buffer_bfloat16():
     assert data.count_wrong(buffers[0], plans[0], 4096) == 1
 
 
+# --- CUDA buffers (without a GPU) ---------------------------------------------------------
+
+
+def test_device_flags():
+    args = options.parse_args([])
+    assert (args.device, args.allow_shared_gpu) == ("cpu", False)
+    args = options.parse_args("--device cuda --nproc 4 --compare nccl,ringtree --allow-shared-gpu".split())
+    assert (args.device, args.system, args.compare, args.allow_shared_gpu) == ("cuda", "ringtree", ["nccl"], True)
+    assert options.parse_args("--device cuda --system nccl".split()).system == "nccl"
+
+
+_BAD_DEVICE_LINES = [
+    ("--nproc 2 --compare nccl", "the nccl system (torch's NCCL backend) needs --device cuda"),
+    ("--system nccl", "the nccl system (torch's NCCL backend) needs --device cuda"),
+    ("--device cuda --nproc 2 --compare gloo", "the gloo system measures host buffers only"),
+    ("--device cuda --system mpi", "the mpi system measures host buffers only"),
+    ("--device cuda --backend mpi", "the ringtree-mpi system measures host buffers only"),
+    ("--allow-shared-gpu", "--allow-shared-gpu needs --device cuda"),
+    ("--device cuda --compare nccl", "--compare needs --nproc"),
+    ("--device gpu", "argument --device: invalid choice: 'gpu'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), _BAD_DEVICE_LINES)
+def test_bad_device_command_lines(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        options.parse_args(argv.split())
+    assert info.value.code == 2
+    assert f"ringtree-bench: error: {message}" in capsys.readouterr().err
+
+
+def _fake_torch(monkeypatch, gpus: int, cuda_version: str | None = "12.8"):
+    """A stand-in torch module with ``gpus`` GPUs; returns the devices set_device got."""
+    chosen: list[int] = []
+    cuda = types.SimpleNamespace(
+        device_count=lambda: gpus, is_available=lambda: gpus > 0, set_device=chosen.append,
+        get_device_name=lambda index: f"Test GPU {index}",
+    )  # fmt: skip
+    fake = types.SimpleNamespace(__version__="9.9.9", version=types.SimpleNamespace(cuda=cuda_version), cuda=cuda)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return chosen
+
+
+def test_cuda_problem_names_what_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert devices.cuda_problem() == "--device cuda needs torch, which is not installed"
+    _fake_torch(monkeypatch, 2, cuda_version=None)
+    assert "needs a torch built with CUDA; this one (9.9.9) has no CUDA support" in devices.cuda_problem()
+    _fake_torch(monkeypatch, 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    problem = devices.cuda_problem()
+    assert "torch 9.9.9 sees no CUDA device" in problem and "CUDA_VISIBLE_DEVICES=''" in problem
+    _fake_torch(monkeypatch, 1)
+    assert devices.cuda_problem() is None
+
+
+def test_gpu_count_checks(monkeypatch):
+    _fake_torch(monkeypatch, 2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+    def check(line: str) -> str | None:
+        return devices.check(options.parse_args(line.split()))
+
+    assert check("--nproc 4") is None  # host buffers: torch is not asked
+    assert check("--device cuda --nproc 2 --compare nccl") is None
+    problem = check("--device cuda --nproc 4")
+    assert problem == (
+        "--nproc 4 needs 4 GPUs, one per rank, and torch sees 2; --allow-shared-gpu lets ranks share them round-robin"
+    )
+    assert check("--device cuda --nproc 4 --allow-shared-gpu") is None
+    assert check("--device cuda") is None  # one rank of a launched job: local rank 0
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert check("--device cuda").startswith("local rank 2 needs 3 GPUs")
+    assert check("--device cuda --allow-shared-gpu") is None
+
+
+def test_ranks_take_gpus_round_robin(monkeypatch):
+    chosen = _fake_torch(monkeypatch, 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert devices.select_gpu(allow_shared=False) == 1
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert devices.select_gpu(allow_shared=True) == 1
+    with pytest.raises(SystemExit, match="local rank 3 needs 4 GPUs"):
+        devices.select_gpu(allow_shared=False)
+    assert chosen == [1, 1]
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="this machine has a GPU")
+@pytest.mark.parametrize("launch", [["--nproc", "2"], []], ids=["orchestrator", "rank"])
+def test_cuda_without_a_gpu_exits_2(launch):
+    proc = _bench("--device", "cuda", *launch, "-e", "8", timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    missing = ("needs torch, which is not installed", "needs a torch built with CUDA", "sees no CUDA device")
+    assert proc.stderr.startswith("ringtree-bench: error: --device cuda")
+    assert any(text in proc.stderr for text in missing), proc.stderr
+
+
+def test_cuda_without_torch_exits_2():
+    code = "import sys; sys.modules['torch'] = None; from ringtree.bench import cli; sys.exit(cli.main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, "--device", "cuda", "--nproc", "2", "--compare", "nccl"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "ringtree-bench: error: --device cuda needs torch, which is not installed\n"
+
+
+def test_nccl_unsupported_combinations():
+    collectives, dtypes = options.COLLECTIVES, options.DTYPES
+    allreduce, reduce_scatter = collectives["allreduce"], collectives["reduce_scatter"]
+    int16 = options.DType("int16", "int16", 2, False, 2**15 - 1, 14, 0.0)
+    boolean = options.DType("bool", "bool", 1, False, 1, 0, 0.0)
+
+    def reason(collective, dtype, op="sum", torch_found=True):
+        return systems.unsupported_reason("nccl", collective, dtype, op, 2, torch_found)
+
+    for op in ("band", "bor", "bxor"):
+        assert reason(allreduce, dtypes["int32"], op) == f"torch's NCCL backend has no bitwise reductions ({op.upper()})"
+        assert reason(collectives["broadcast"], dtypes["int32"], op) is None  # reduces nothing
+    for name in ("int8", "uint8", "int32", "int64"):
+        assert reason(reduce_scatter, dtypes[name], "avg") == "torch's NCCL AVG needs a floating-point type"
+    for name in ("float32", "float16", "bfloat16", "float64"):
+        assert reason(allreduce, dtypes[name], "avg") is None
+    assert reason(allreduce, int16) == reason(collectives["alltoall"], int16) == "torch's NCCL backend has no int16"
+    assert reason(collectives["sendrecv"], boolean) == "torch's NCCL backend has no bool"
+    assert reason(collectives["barrier"], int16) is None
+    for name in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"):
+        for op in ("sum", "prod", "min", "max"):
+            assert reason(collectives[name], dtypes["int8"], op) is None
+    assert reason(allreduce, dtypes["float32"], torch_found=False) == "torch is not installed"
+
+
+def test_device_reasons():
+    assert systems.device_reason("nccl", "cpu", 2, 0) == "torch's NCCL backend needs --device cuda"
+    assert systems.device_reason("nccl", "cuda", 2, 2) is None
+    shared = systems.device_reason("nccl", "cuda", 4, 2)
+    assert shared == "4 ranks share 2 GPU(s) (--allow-shared-gpu), and torch's NCCL refuses two ranks on one GPU"
+    assert systems.device_reason("gloo", "cuda", 2, 2) == "it measures host buffers only (--device cpu)"
+    assert systems.device_reason("ringtree", "cpu", 2, 0) is None
+
+
+def test_cuda_header_and_settings():
+    meta = {"version": "ringtree 0.1.0", "buffers": "torch cuda", "device": "Test GPU", "gpus": 8,
+            "cuda_path": "NCCL 2.28.7", "env": {"RINGTREE_CUDA_BACKEND": "auto"}}  # fmt: skip
+    header = report.format_header("ringtree", options.COLLECTIVES["allreduce"], 2, meta, 1)
+    details = "(ringtree 0.1.0; torch cuda buffers; Test GPU (8 GPUs on this host); CUDA path: NCCL 2.28.7; "
+    assert details + "RINGTREE_CUDA_BACKEND=auto)" in header[0]
+    assert report.settings_line(options.parse_args([])).endswith("redop: sum root: 0")
+    cuda = options.parse_args("--device cuda --nproc 4 --allow-shared-gpu".split())
+    assert report.settings_line(cuda).endswith("root: 0 device: cuda (shared GPUs allowed)")
+    assert report.settings_dict(cuda)["device"] == "cuda" and report.settings_dict(cuda)["allow_shared_gpu"]
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "int8", "uint8"])
+def test_torch_buffer_on_a_device(dtype_name):
+    # TorchBuffer's device branch (torch's allocator, copies to and from NumPy), on the CPU.
+    dtype = options.DTYPES[dtype_name]
+    plan = data.make_plan(options.COLLECTIVES["allgather"], dtype, "sum", 0, 0, 1, 3000)
+    buffer = data.TorchBuffer(dtype, 4000, "cpu")
+    assert buffer.tensor.device.type == "cpu" and str(buffer.tensor.dtype) == f"torch.{dtype_name}"
+    assert data.count_wrong(buffer, plan, 3000) > 0  # still ones
+    buffer.write(plan, 3000)
+    assert data.count_wrong(buffer, plan, 3000) == 0
+    buffer.fill(data.unwritten_value(dtype), 3000)
+    assert data.count_wrong(buffer, plan, 3000) == 3000
+
+
+class _Recorder:
+    """A system whose operation, barrier and synchronize only leave their names in ``calls``."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def operation(self) -> None:
+        self.calls.append("op")
+
+    def barrier(self) -> None:
+        self.calls.append("barrier")
+
+    def synchronize(self) -> None:
+        self.calls.append("sync")
+
+
+@pytest.mark.parametrize("timing", ["avg", "median"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_timed_loop_synchronizes_the_device(timing, device, monkeypatch):
+    system = _Recorder()
+    clock_reads: list[int] = []  # how many calls were made at each read of the clock
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: clock_reads.append(len(system.calls)) or 0.0)
+    args = argparse.Namespace(device=device, timing=timing, warmup_iters=2, iters=3)
+    durations = worker._timed(system, system.operation, args)
+    assert len(durations) == (3 if timing == "median" else 1)
+    if device == "cpu":
+        assert system.calls == ["op", "op", "barrier", "op", "op", "op"]
+        return
+    timed = ["op", "sync"] * 3 if timing == "median" else ["op", "op", "op", "sync"]
+    assert system.calls == ["op", "op", "sync", "barrier", "sync", *timed]
+    # Every clock read follows a synchronisation.
+    assert all(system.calls[n - 1] == "sync" for n in clock_reads), clock_reads
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(not (HAVE_TORCH and RINGTREE_READY), reason="needs torch and ringtree")
+def test_worker_cuda_flow_on_host_memory(monkeypatch, tmp_path):
+    """A 1-rank ringtree job through the worker's --device cuda path, its buffers from
+    torch's allocator in host memory: every row checked, and one synchronisation before
+    each read of a result and of the clock."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    made: list[systems.RingtreeSystem] = []
+
+    class HostCuda(systems.RingtreeSystem):
+        synchronized = 0
+
+        def new_buffer(self, dtype, count):
+            return data.TorchBuffer(dtype, count, "cpu")
+
+        def synchronize(self) -> None:
+            self.synchronized += 1
+
+        def describe(self):
+            return {**super().describe(), "device": "host memory"}
+
+    def create(name, timeout_s, device, allow_shared_gpu):
+        assert (name, device, allow_shared_gpu) == ("ringtree", "cuda", False)
+        made.append(HostCuda(timedelta(seconds=timeout_s)))
+        return made[0]
+
+    monkeypatch.setattr(worker, "create", create)
+    result = tmp_path / "result.jsonl"
+    line = f"allreduce allgather barrier -b 8 -e 64 -n 3 -w 1 --timing median --device cuda --result-file {result}"
+    assert worker.run(options.parse_args(line.split())) == 0
+    records = [json.loads(text) for text in result.read_text().splitlines()]
+    assert records[0]["meta"]["device"] == "host memory" and records[-1] == {"done": True}
+    rows = [record["row"] for record in records if "row" in record]
+    assert [r["collective"] for r in rows] == ["allreduce"] * 4 + ["allgather"] * 4 + ["barrier"]
+    assert all(r["wrong"] == 0 for r in rows if r["collective"] != "barrier")
+    # Per size with data: after the checked operation, around the barrier, after each of 3 operations.
+    assert made[0].synchronized == 8 * (1 + 2 + 3) + (2 + 3)
+
+
 # --- import weight ----------------------------------------------------------------------
 
 
@@ -692,6 +953,23 @@ def test_compare_prints_side_by_side(tmp_path):
     _check_json(out, "mpi", ALL)
     assert [c["collective"] for c in document["comparison"]] == ALL
     assert document["comparison"][1]["sizes"][0]["ratios"]["gloo"] > 0
+
+
+@pytest.mark.skipif(not HAVE_GPU, reason="torch sees no CUDA device")
+def test_cuda_compare_nccl(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = "--device cuda --nproc 1 -b 8 -e 1M -f 4 -c 1 --compare nccl --timeout 120 -J".split()
+    proc = _bench(*argv, str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("# Out of bounds values : 0 OK") == 2, proc.stdout
+    assert "FAILED" not in proc.stdout and "ringtree/nccl" in proc.stdout
+    document = json.loads(out.read_text())
+    for system in ("ringtree", "nccl"):
+        result = document["systems"][system]
+        assert result["status"] == "ok", result["notes"]
+        assert result["meta"]["buffers"] == "torch cuda" and result["meta"]["device"]
+        assert [r["size"] for r in result["rows"]] == [8 << 2 * i for i in range(9)]
+        assert all(r["wrong"] == 0 for r in result["rows"]), result["rows"]
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="mpirun or mpi4py missing")

@@ -1,5 +1,6 @@
 """``ringtree-bench``: nccl-tests-style benchmarks of ringtree's collectives, side by side
-with torch's gloo backend and MPI (mpi4py), and the other measurements of ringtree's
+with torch's gloo backend and MPI (mpi4py) on host buffers and torch's NCCL backend on
+CUDA buffers (``--device cuda``), and the other measurements of ringtree's
 performance notes as subcommands: ``startup``, ``call-overhead``, ``p2p-pingpong`` and
 ``failure-table``. All of ringtree's Python benchmark code lives here.
 

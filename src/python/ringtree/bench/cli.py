@@ -12,6 +12,12 @@ with the order of the systems rotated from one round to the next, prints each sy
 nccl-tests table (rows as they arrive when there is one round, per-size medians after the
 last round otherwise) and a side-by-side comparison per collective, and writes ``-J`` and
 ``--plot``. The exit status is 1 when a system failed or an element was wrong, else 0.
+
+With ``--device cuda`` both modes first ask whether this machine can run the command line
+(:func:`ringtree.bench.devices.check`: torch with CUDA, a GPU per rank unless
+``--allow-shared-gpu``) and exit with status 2 and a one-line error when it cannot; the
+orchestrator then skips, with a note, a system that cannot run on these GPUs (nccl on
+shared GPUs, ringtree without its CUDA path).
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ import importlib
 import sys
 from typing import Any
 
-from . import report
+from . import devices, report
 from .launch import LaunchResult, availability, run_system
-from .options import TOOLS, parse_args
-from .systems import have_torch, unsupported_reason
+from .options import PROG, TOOLS, parse_args
+from .systems import device_reason, have_torch, unsupported_reason
 
 __all__ = ["main"]
 
@@ -64,9 +70,9 @@ class _Stream:
             _print([f"# {self._system} {skip['collective']}: skipped: {skip['reason']}"])
 
 
-def _runnable(system: str, args: argparse.Namespace) -> str | None:
-    """Why ``system`` is not launched at all (None when it is)."""
-    reason = availability(system)
+def _runnable(system: str, args: argparse.Namespace, gpus: int) -> str | None:
+    """Why ``system`` is not launched at all on this host's ``gpus`` GPUs (None when it is)."""
+    reason = availability(system) or device_reason(system, args.device, args.nproc, gpus)
     if reason is not None:
         return reason
     torch_found = have_torch()
@@ -148,15 +154,20 @@ def _json_systems(launches: dict[str, list[LaunchResult]], medians: dict[str, li
 
 def _orchestrate(args: argparse.Namespace) -> int:
     systems = [args.system, *args.compare]
+    ranks = f"{args.nproc} per system"
+    gpus = 0
+    if args.device == "cuda":
+        gpus = devices.gpu_count()
+        ranks += f" on {gpus} GPU(s){', shared round-robin' if args.nproc > gpus else ', one each'}"
     _print(
         [
             report.settings_line(args),
-            f"# ranks: {args.nproc} per system, systems: {', '.join(systems)}, repeat: {args.repeat}",
+            f"# ranks: {ranks}, systems: {', '.join(systems)}, repeat: {args.repeat}",
         ]
     )
     active, skipped = [], {}
     for system in systems:
-        reason = _runnable(system, args)
+        reason = _runnable(system, args, gpus)
         if reason is None:
             active.append(system)
         else:
@@ -188,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in TOOLS:
         return importlib.import_module(f"{__package__}.{TOOLS[argv[0]]}").main(argv[1:])
     args = parse_args(argv)
+    problem = devices.check(args)
+    if problem is not None:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     if args.nproc is None:
         from .worker import run
 

@@ -17,13 +17,16 @@ quotient, so truncating and rounding implementations both pass). Before a checke
 operation an output that is not also the input is filled with :func:`unwritten_value`,
 which no correct result holds, so an element the collective never wrote counts as wrong.
 
-Buffers are torch CPU tensors (:class:`TorchBuffer`) or NumPy arrays
-(:class:`NumpyBuffer`), allocated once at the largest size and written through, so their
-pages are faulted in before anything is timed. Both kinds take their memory from NumPy
-(a torch buffer is a view of a NumPy array), so every system moves data between memory
-of the same kind: NumPy asks the kernel for transparent huge pages on large arrays and
-torch's allocator does not, which alone changes large-message bandwidth by 2x and more.
-This module imports NumPy; torch only when a torch buffer is made.
+Buffers are torch CPU tensors (:class:`TorchBuffer`), NumPy arrays (:class:`NumpyBuffer`)
+or torch CUDA tensors (a :class:`TorchBuffer` with a device), allocated once at the
+largest size and written through, so their pages are faulted in before anything is
+timed. Host buffers of both kinds take their memory from NumPy (a torch CPU buffer is a
+view of a NumPy array), so every system moves data between memory of the same kind:
+NumPy asks the kernel for transparent huge pages on large arrays and torch's allocator
+does not, which alone changes large-message bandwidth by 2x and more. CUDA buffers come
+from torch's allocator for every system alike; plans are copied to them from NumPy, and
+checks read copies on the host. This module imports NumPy; torch only when a torch
+buffer is made.
 """
 
 from __future__ import annotations
@@ -264,16 +267,21 @@ class NumpyBuffer(_Buffer):
 
 
 class TorchBuffer(_Buffer):
-    """A torch CPU tensor of ``count`` elements, filled with ones: a view of a NumPy array
-    (of uint16 reinterpreted as bfloat16, which NumPy lacks)."""
+    """A torch tensor of ``count`` elements, filled with ones. Without ``device``: a CPU
+    tensor that is a view of a NumPy array (of uint16 reinterpreted as bfloat16, which
+    NumPy lacks). With ``device`` (``"cuda:1"``, a torch.device): a tensor from torch's
+    allocator on that device; writes copy from NumPy to it, reads copy back to the host
+    (after the work on it that torch's current stream orders before them)."""
 
     kind = "torch"
 
-    def __init__(self, dtype: DType, count: int) -> None:
+    def __init__(self, dtype: DType, count: int, device: object = None) -> None:
         import torch
 
         self._torch = torch
-        if dtype.name == "bfloat16":
+        if device is not None:
+            self.tensor = torch.ones(count, dtype=getattr(torch, dtype.name), device=device)
+        elif dtype.name == "bfloat16":
             self.tensor = torch.from_numpy(_ones("uint16", count)).view(torch.bfloat16).fill_(1)
         else:
             self.tensor = torch.from_numpy(_ones(dtype.name, count))
@@ -290,5 +298,5 @@ class TorchBuffer(_Buffer):
         self.tensor[:count].fill_(value)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Elements start..stop-1 as float64."""
-        return self.tensor[start:stop].to(self._torch.float64).numpy()
+        """Elements start..stop-1 as float64, in host memory."""
+        return self.tensor[start:stop].to(self._torch.float64).cpu().numpy()

@@ -1,14 +1,14 @@
 """The orchestrator's side: launch one system's job of ``--nproc`` local ranks, follow the
 rows its rank 0 writes, and stop it on failure or timeout.
 
-- ringtree and gloo: ringtree's launcher (:func:`ringtree.run.command`), ``python -m
+- ringtree, gloo and nccl: ringtree's launcher (:func:`ringtree.run.command`), ``python -m
   ringtree.run --nproc-per-node N -m ringtree.bench ...``, which gives every rank its
-  RANK, WORLD_SIZE, ... and supervises them. ``--algo``/``--transport`` become
-  ``RINGTREE_ALGO`` and ``RINGTREE_TRANSPORT``. gloo's ranks meet at a
-  ``torch.distributed.TCPStore`` this process hosts on a port the kernel picks (torch
-  cannot use the launcher's store; nothing is shared with it), named by
-  ``RINGTREE_BENCH_STORE``; ``GLOO_SOCKET_IFNAME=lo`` unless set, so gloo runs over
-  loopback.
+  RANK, LOCAL_RANK (its GPU with ``--device cuda``), WORLD_SIZE, ... and supervises them.
+  ``--algo``/``--transport`` become ``RINGTREE_ALGO`` and ``RINGTREE_TRANSPORT``. The
+  ranks of gloo and nccl meet at a ``torch.distributed.TCPStore`` this process hosts on
+  a port the kernel picks (torch cannot use the launcher's store; nothing is shared with
+  it), named by ``RINGTREE_BENCH_STORE``; ``GLOO_SOCKET_IFNAME=lo`` unless set, so gloo
+  runs over loopback.
 - mpi and ringtree-mpi: ``mpirun --allow-run-as-root --oversubscribe -n N python -m ringtree.bench ...``
   (plus ``--mpirun-args``).
 
@@ -63,8 +63,13 @@ class LaunchResult:
 
 def availability(system: str) -> str | None:
     """Why ``system`` cannot be launched here (None when it can)."""
-    if system == "gloo" and importlib.util.find_spec("torch") is None:
+    if system in ("gloo", "nccl") and importlib.util.find_spec("torch") is None:
         return "torch is not installed"
+    if system == "nccl":
+        import torch.distributed as dist
+
+        if not dist.is_nccl_available():
+            return "this torch has no NCCL backend"
     if system in ("mpi", "ringtree-mpi"):
         if shutil.which("mpirun") is None:
             return "mpirun is not on PATH"
@@ -117,7 +122,7 @@ def _log_tail(path: str) -> list[str]:
 
 def _command(system: str, args: argparse.Namespace, worker: list[str], port: int) -> tuple[list[str], dict[str, str]]:
     """The command and environment that start ``system``'s job; ``port`` is the one of
-    the gloo job's store."""
+    the gloo or nccl job's store."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if system in ("mpi", "ringtree-mpi"):
@@ -186,7 +191,7 @@ def run_system(
         result_path = os.path.join(tmp, "result.jsonl")
         open(result_path, "w").close()
         store = None
-        if system == "gloo":
+        if system in ("gloo", "nccl"):
             import torch.distributed as dist
 
             store = dist.TCPStore(
@@ -208,6 +213,6 @@ def run_system(
         else:
             result.notes.append(f"{system}: failed: {failure}")
             result.notes.extend(_log_tail(log_path))
-        del store  # the last reference: stops the gloo job's store server
+        del store  # the last reference: stops the gloo or nccl job's store server
     result.seconds = time.monotonic() - start
     return result

@@ -2,7 +2,8 @@
 their bus-bandwidth factors), data types, reductions, and the size sweep.
 
 Standard library only: this module is imported by the orchestrating process, which never
-needs torch, NumPy or mpi4py itself.
+needs NumPy or mpi4py itself, and torch only for --device cuda and the gloo and nccl
+systems (see :mod:`ringtree.bench.devices`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Callable
 
 __all__ = [
     "COLLECTIVES",
+    "DEVICES",
     "DTYPES",
+    "HOST_ONLY_SYSTEMS",
     "REDOPS",
     "SYSTEMS",
     "TOOLS",
@@ -41,7 +44,12 @@ TOOLS = {
     "scale": "scale",
     "startup": "startup",
 }
-SYSTEMS = ("ringtree", "ringtree-mpi", "gloo", "mpi")
+SYSTEMS = ("ringtree", "ringtree-mpi", "gloo", "mpi", "nccl")
+#: Where the buffers live: host memory, or the GPU of each rank (see --device).
+DEVICES = ("cpu", "cuda")
+#: The systems measured on host buffers only (--device cpu); "nccl" is the one measured
+#: on CUDA buffers only, and "ringtree" runs on both.
+HOST_ONLY_SYSTEMS = ("ringtree-mpi", "gloo", "mpi")
 REDOPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
 _REDOP_ALIASES = {"product": "prod", "mean": "avg"}
 _BITWISE = ("band", "bor", "bxor")
@@ -284,11 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Benchmark collectives nccl-tests style: ringtree, and side by side torch's "
-        "gloo backend and MPI (mpi4py). With --nproc N the command launches N local ranks per "
+        "gloo backend and MPI (mpi4py) on host buffers, or torch's NCCL backend on CUDA buffers "
+        "(--device cuda). With --nproc N the command launches N local ranks per "
         "system itself; without it, it is one rank of a job started by ringtree-run, torchrun "
         "or mpirun.",
         epilog="example: ringtree-bench allreduce allgather reduce_scatter alltoall sendrecv --nproc 4 "
-        f"-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3. Other measurements: {PROG} "
+        f"-b 8 -e 64M --compare gloo,mpi -c 1 --repeat 3; on GPUs: {PROG} allreduce --device cuda --nproc 2 "
+        f"--compare nccl. Other measurements: {PROG} "
         f"{{{','.join(TOOLS)}}} ... (each with its own --help).",
     )
     parser.add_argument(
@@ -385,6 +395,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RANK",
         help="root of broadcast and reduce (default 0)",
     )
+    data.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="cpu: buffers in host memory; cuda: torch CUDA tensors, every rank on GPU LOCAL_RANK, "
+        "the device synchronised before each clock read; systems ringtree and nccl (default cpu)",
+    )
+    data.add_argument(
+        "--allow-shared-gpu",
+        action="store_true",
+        help="with --device cuda: let more ranks than GPUs share them round-robin (ringtree then "
+        "stages through host memory; nccl, which refuses shared GPUs, is skipped)",
+    )
     systems = parser.add_argument_group("systems and launch")
     systems.add_argument(
         "--nproc",
@@ -399,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SYSTEMS,
         default=None,
         help="the system benchmarked (and the numerator of the ratios): default "
-        "ringtree, or mpi when started by mpirun without RANK set",
+        "ringtree, or mpi when started by mpirun without RANK set; nccl is torch's NCCL backend "
+        "(--device cuda only)",
     )
     systems.add_argument(
         "--backend",
@@ -413,8 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_systems_arg,
         default=[],
         metavar="LIST",
-        help="with --nproc: also run these systems (comma-separated, of ringtree, ringtree-mpi, gloo, mpi) "
-        "on the same sizes and print a side-by-side table",
+        help="with --nproc: also run these systems (comma-separated, of ringtree, ringtree-mpi, gloo, mpi "
+        "on cpu; ringtree, nccl on cuda) on the same sizes and print a side-by-side table",
     )
     systems.add_argument(
         "--repeat",
@@ -496,7 +520,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.system is None:
         args.system = "mpi" if args.nproc is None and _started_by_mpirun() else "ringtree"
     args.compare = [name for name in dict.fromkeys(args.compare) if name != args.system]
+    _check_device(parser, args)
     return args
+
+
+def _check_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The parser's error for a system that cannot run on ``--device``, or
+    ``--allow-shared-gpu`` without CUDA. Whether this machine has the GPUs is asked later
+    (:func:`ringtree.bench.devices.check`): parsing never imports torch."""
+    if args.allow_shared_gpu and args.device != "cuda":
+        parser.error("--allow-shared-gpu needs --device cuda")
+    for name in [args.system, *args.compare]:
+        if name == "nccl" and args.device != "cuda":
+            parser.error("the nccl system (torch's NCCL backend) needs --device cuda")
+        if name in HOST_ONLY_SYSTEMS and args.device == "cuda":
+            parser.error(f"the {name} system measures host buffers only: --device cuda runs ringtree and nccl")
 
 
 def _started_by_mpirun() -> bool:
@@ -520,10 +558,11 @@ def worker_argv(args: argparse.Namespace, system: str, result_file: str) -> list
         "-o": args.op,
         "-r": args.root,
         "--timeout": args.timeout,
+        "--device": args.device,
         "--system": system,
         "--result-file": result_file,
     }
     argv = [",".join(c.name for c in args.collectives)]
     for flag, value in flags.items():
         argv += [flag, str(value)]
-    return argv
+    return argv + (["--allow-shared-gpu"] if args.allow_shared_gpu else [])

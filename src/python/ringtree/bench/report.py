@@ -151,6 +151,7 @@ def settings_line(args: argparse.Namespace) -> str:
         f"{args.maxbytes} step: {args.stepfactor}(factor) warmup iters: {args.warmup_iters} "
         f"iters: {args.iters} validation: {args.check} type: {args.datatype.name} "
         f"redop: {args.op} root: {args.root}"
+        + (f" device: cuda{' (shared GPUs allowed)' if args.allow_shared_gpu else ''}" if args.device == "cuda" else "")
     )
 
 
@@ -159,6 +160,10 @@ def format_header(
 ) -> list[str]:
     """The lines above one system's table of one collective."""
     details = [meta.get("version", system), f"{meta.get('buffers', '?')} buffers"]
+    if meta.get("device"):
+        details.append(meta["device"] + (f" ({meta['gpus']} GPUs on this host)" if meta.get("gpus") else ""))
+    if meta.get("cuda_path"):
+        details.append(f"CUDA path: {meta['cuda_path']}")
     details += [f"{key}={value}" for key, value in meta.get("env", {}).items()]
     if timing == "median":
         timing_text = "time = median over the timed iterations of the slowest rank's time"
@@ -294,6 +299,8 @@ def settings_dict(args: argparse.Namespace) -> dict[str, Any]:
         "transport": args.transport,
         "in_place": {c.name: c.in_place for c in args.collectives},
         "timing": args.timing,
+        "device": args.device,
+        "allow_shared_gpu": args.allow_shared_gpu,
     }
 
 

@@ -3,9 +3,12 @@
 For each collective and size: with ``-c 1``, write verifiable data (and fill an output
 that is not the input with a value no correct result holds), run the collective once and
 count the wrong elements; then ``warmup_iters`` untimed operations, a barrier, and
-``iters`` back-to-back operations timed with ``time.perf_counter``. Each rank allocates
-an input buffer and, when a collective is not in place, an output buffer, once, at the
-largest size. Each rank's per-operation average and wrong count go to rank 0 (see
+``iters`` back-to-back operations timed with ``time.perf_counter``. With ``--device
+cuda`` the device is synchronised (``system.synchronize()``) before every clock read:
+after the warm-up and after the barrier, at the end of the timed loop, and with
+``--timing median`` after each operation; and after the checked operation, before its
+result is read. Each rank allocates an input buffer and, when a collective is not in
+place, an output buffer, once, at the largest size. Each rank's per-operation average and wrong count go to rank 0 (see
 ``gather`` in :mod:`ringtree.bench.systems`), which prints the nccl-tests row at once (a
 job started by a launcher) or appends it to the orchestrator's result file
 (``--result-file``, one JSON object per line: ``meta``, ``begin``, ``row``, ``end``,
@@ -116,20 +119,38 @@ class _Printer:
 
 def _timed(system: Any, operation: Callable[[], Any], args: argparse.Namespace) -> list[float]:
     """Durations in seconds of ``args.iters`` back-to-back operations after the warm-up
-    and a barrier: their average alone (``--timing avg``), or one per operation."""
+    and a barrier: their average alone (``--timing avg``), or one per operation. On CUDA
+    buffers every clock read follows ``system.synchronize()``, so a duration covers the
+    device work of its operations; the warm-up has finished before the barrier starts,
+    and the barrier's device work (NCCL's) before the clock is first read. Host buffers
+    run the loops without it."""
+    device = args.device == "cuda"
     for _ in range(args.warmup_iters):
         operation()
+    if device:
+        system.synchronize()
     system.barrier()
+    if device:
+        system.synchronize()
     clock = time.perf_counter
     if args.timing == "median":
+        step = operation
+        if device:
+
+            def step() -> None:
+                operation()
+                system.synchronize()
+
         stamps = [clock()]
         for _ in range(args.iters):
-            operation()
+            step()
             stamps.append(clock())
         return [end - start for start, end in zip(stamps, stamps[1:])]
     start = clock()
     for _ in range(args.iters):
         operation()
+    if device:
+        system.synchronize()
     return [(clock() - start) / args.iters]
 
 
@@ -186,6 +207,7 @@ def _run_collective(
             if not collective.in_place:
                 outputs.fill(unwritten_value(args.datatype), output_parts * part)
             operation()
+            system.synchronize()
             wrong = count_wrong(results, plan, part)
         per_rank = system.gather([_timed(system, operation, args), wrong])
         if rank == 0:
@@ -195,7 +217,7 @@ def _run_collective(
 def run(args: argparse.Namespace) -> int:
     """Run every requested collective as one rank of ``args.system``'s job. Returns the
     exit status: 1 on rank 0 of a launched job when an element was wrong, else 0."""
-    system = create(args.system, args.timeout)
+    system = create(args.system, args.timeout, args.device, args.allow_shared_gpu)
     rank, world_size = system.rank, system.world_size
     if args.root >= world_size:
         system.close()
