@@ -207,6 +207,27 @@ TEST_P(CudaBackendTest, EveryOperationGivesTheCpuEnginesResult) {
         }, "reduce float32 MIN");
     run({mine(f32, 4), filler(f32, 4), filler(f32, 4), filler(f32, 4)},
         [](ProcessGroup& g, Views v) { return g.allgatherAsync({v[1], v[2], v[3]}, v[0]); }, "allgather");
+    // Parts of different sizes: rank r gives r + 1 elements, and gets r + 2 of a reduction.
+    const auto part = static_cast<size_t>(rank + 1);
+    run({mine(DataType::kInt32, part), filler(DataType::kInt32, 1), filler(DataType::kInt32, 2),
+         filler(DataType::kInt32, 3)},
+        [](ProcessGroup& g, Views v) {
+          g.allgather({v[1], v[2], v[3]}, v[0]);
+          return nullptr;
+        }, "allgather, uneven");
+    run({filler(f32, part + 1), mine(f32, 2), mine(f32, 3), mine(f32, 4)},
+        [](ProcessGroup& g, Views v) {
+          g.reduceScatter(v[0], {v[1], v[2], v[3]});
+          return nullptr;
+        }, "reduceScatter, uneven");
+    run({filler(DataType::kInt16, part + 1), mine(DataType::kInt16, 2), mine(DataType::kInt16, 3),
+         mine(DataType::kInt16, 4)},
+        [](ProcessGroup& g, Views v) {
+          ReduceScatterOptions options;
+          options.op = ReduceOp::kBor;
+          g.reduceScatter(v[0], {v[1], v[2], v[3]}, options);
+          return nullptr;
+        }, "reduceScatter int16 BOR, uneven");
     run({mine(DataType::kUInt8, 5), filler(DataType::kUInt8, 15)},
         [](ProcessGroup& g, Views v) {
           g.allgatherSingle(v[1], v[0]);
@@ -292,11 +313,11 @@ TEST_P(CudaBackendTest, RefusesWhatItCannotServe) {
     DeviceBuffer buffer(deviceOf(rank), Bytes(16));
     const BufferView view(buffer.data(), 4, DataType::kFloat32, Device{DeviceType::kCuda, deviceOf(rank)});
     group->allreduce(view);
+    DeviceBuffer elsewhere(5, Bytes(16));
+    EXPECT_TRUE(test::contains(messageOf<InvalidArgument>([&] {
+      group->allreduce(BufferView(elsewhere.data(), 4, DataType::kFloat32, Device{DeviceType::kCuda, 5}));
+    }), "one device per group and rank"));
     if (GetParam() == Kind::kNccl) {
-      DeviceBuffer elsewhere(5, Bytes(16));
-      EXPECT_TRUE(test::contains(messageOf<InvalidArgument>([&] {
-        group->allreduce(BufferView(elsewhere.data(), 4, DataType::kFloat32, Device{DeviceType::kCuda, 5}));
-      }), "one device per group and rank"));
       EXPECT_TRUE(test::contains(messageOf<InvalidArgument>([&] { group->recv(view, ProcessGroup::kAnySource); }),
                                  "NCCL has no wildcard receive"));
     } else {
@@ -327,6 +348,36 @@ TEST_P(CudaBackendTest, ABatchIsCheckedWholeBeforeAnythingIsPosted) {
         "op 0 receives from any source"));
     group->shutdown();
   });
+}
+
+// Staged isend/irecv only post: a ring that receives before it sends completes (over
+// NCCL such a ring needs batchIsendIrecv, as with torch's NCCL backend).
+TEST(StagedBackend, ARingThatReceivesBeforeItSendsCompletes) {
+  fake::reset();
+  registerDeviceBackend(DeviceType::kCuda, "staged", &makeFakeStaged);
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 1 << 18;  // 1 MiB: past what a transport buffers before a receive
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(kRanks, [&](int rank) {
+    const auto group = ProcessGroup::create(store, rank, kRanks, test::testOptions());
+    std::vector<float> mine(kCount, static_cast<float>(rank));
+    DeviceBuffer out(0, Bytes(reinterpret_cast<std::byte*>(mine.data()),
+                              reinterpret_cast<std::byte*>(mine.data() + kCount)));
+    DeviceBuffer in(0, Bytes(kCount * sizeof(float)));
+    const Device device{DeviceType::kCuda, 0};
+    const auto received = group->irecv(BufferView(in.data(), kCount, DataType::kFloat32, device),
+                                       (rank + kRanks - 1) % kRanks, 0);
+    const auto sent = group->isend(BufferView(out.data(), kCount, DataType::kFloat32, device), (rank + 1) % kRanks, 0);
+    EXPECT_TRUE(sent->wait());
+    EXPECT_TRUE(received->wait());
+    EXPECT_EQ(received->sourceRank(), (rank + kRanks - 1) % kRanks);
+    const Bytes result = in.read();
+    float last = -1;
+    std::memcpy(&last, result.data() + result.size() - sizeof(float), sizeof(float));
+    EXPECT_EQ(last, static_cast<float>((rank + kRanks - 1) % kRanks));
+    group->shutdown();
+  });
+  registerDeviceBackend(DeviceType::kCuda, "cuda", &cuda::makeDefaultCudaBackend);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaBackendTest, ::testing::Values(Kind::kNccl, Kind::kStaged),
@@ -455,11 +506,32 @@ TEST_F(NcclBackendTest, AnOperationPastTheTimeoutAbortsTheCommunicator) {
     EXPECT_GE(test::elapsedSince(start), kTimeout);
     EXPECT_LT(test::elapsedSince(start), kTimeout + test::kLateBy);
     EXPECT_TRUE(test::contains(message, "all_reduce on cuda:" + std::to_string(rank))) << message;
-    EXPECT_TRUE(test::contains(message, "did not finish within the group's timeout of 1500 ms")) << message;
+    EXPECT_TRUE(test::contains(message, "did not finish within its timeout of 1500 ms")) << message;
     EXPECT_THROW(group->allreduce(onDevice(buffer, 4, rank)), TimeoutError);
     group->shutdown();
   });
   EXPECT_EQ(fake::counters().commsAborted, 2);
+}
+
+// A call's own timeout wins over the group's.
+TEST_F(NcclBackendTest, ACallsOwnTimeoutIsHonoured) {
+  constexpr auto kTimeout = std::chrono::milliseconds(500);
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    const auto group = ProcessGroup::create(store, rank, 2, test::testOptions());
+    DeviceBuffer buffer(rank, Bytes(16));
+    group->allreduce(onDevice(buffer, 4, rank));
+    fake::hangNextCollective(rank);
+    AllreduceOptions options;
+    options.timeout = kTimeout;
+    const auto start = std::chrono::steady_clock::now();
+    const std::shared_ptr<Work> work = group->allreduceAsync(onDevice(buffer, 4, rank), options);
+    const std::string message = messageOf<TimeoutError>([&] { work->wait(); });
+    EXPECT_GE(test::elapsedSince(start), kTimeout);
+    EXPECT_LT(test::elapsedSince(start), kTimeout + test::kLateBy);
+    EXPECT_TRUE(test::contains(message, "did not finish within its timeout of 500 ms")) << message;
+    group->shutdown();
+  });
 }
 
 TEST_F(NcclBackendTest, PremulSumUsesNcclsOpWhereItHasOneAndRingtreesKernelsElsewhere) {
@@ -512,14 +584,14 @@ TEST_F(NcclBackendTest, BarrierWaitsForEveryRank) {
 
 TEST(CudaBackendChoice, NcclUnlessRanksShareAGpuOrOneLacksIt) {
   std::string why;
-  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true}, {"m/1", true}}, "", &why), "nccl");
-  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true}, {"m/0", true}}, "auto", &why), "staged");
+  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true, ""}, {"m/1", true, ""}}, "", &why), "nccl");
+  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true, ""}, {"m/0", true, ""}}, "auto", &why), "staged");
   EXPECT_EQ(why, "ranks 0 and 1 share one GPU, which NCCL refuses");
-  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true}, {"n/0", false}}, "", &why), "staged");
+  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true, ""}, {"n/0", false, ""}}, "", &why), "staged");
   EXPECT_EQ(why, "rank 1 has no usable NCCL");
-  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true}, {"m/1", true}}, "staged", &why), "staged");
+  EXPECT_EQ(cuda::chooseCudaBackend({{"m/0", true, ""}, {"m/1", true, ""}}, "staged", &why), "staged");
   EXPECT_EQ(why, "RINGTREE_CUDA_BACKEND=staged");
-  EXPECT_EQ(messageOf<Error>([&] { cuda::chooseCudaBackend({{"m/0", true}, {"m/0", true}}, "nccl", &why); }),
+  EXPECT_EQ(messageOf<Error>([&] { cuda::chooseCudaBackend({{"m/0", true, ""}, {"m/0", true, ""}}, "nccl", &why); }),
             "RINGTREE_CUDA_BACKEND=nccl, but NCCL cannot serve this group: ranks 0 and 1 share one GPU, which NCCL "
             "refuses");
   EXPECT_EQ(messageOf<InvalidArgument>([&] { cuda::chooseCudaBackend({}, "gloo", &why); }),

@@ -29,13 +29,20 @@ std::vector<std::string> splitCommas(const std::string& text) {
   }
 }
 
-std::string encode(const CudaRankRecord& record) { return (record.ncclUsable ? "1" : "0") + record.gpu; }
+// "<0|1><forced>\n<gpu>": the forced value never holds a newline that matters (it is
+// checked against auto|nccl|staged after the exchange).
+std::string encode(const CudaRankRecord& record) {
+  return (record.ncclUsable ? "1" : "0") + record.forced + "\n" + record.gpu;
+}
 
 CudaRankRecord decode(const Bytes& bytes) {
   const std::string text(bytes.begin(), bytes.end());
   CudaRankRecord record;
   record.ncclUsable = !text.empty() && text[0] == '1';
-  record.gpu = text.empty() ? "" : text.substr(1);
+  const size_t newline = text.find('\n');
+  if (newline == std::string::npos) return record;
+  record.forced = text.substr(1, newline - 1);
+  record.gpu = text.substr(newline + 1);
   return record;
 }
 
@@ -85,6 +92,8 @@ std::unique_ptr<DeviceBackend> makeDefaultCudaBackend(const DeviceBackendContext
   CudaRankRecord mine;
   mine.gpu = gpuIdentity(context.device.index, env::getString("CUDA_VISIBLE_DEVICES"));
   mine.ncclUsable = nccl != nullptr;
+  mine.forced = env::cudaBackend();
+  if (mine.forced.find('\n') != std::string::npos) mine.forced = "?";
   context.store->set("rank/" + std::to_string(context.rank), [&] {
     const std::string text = encode(mine);
     return Bytes(text.begin(), text.end());
@@ -95,8 +104,14 @@ std::unique_ptr<DeviceBackend> makeDefaultCudaBackend(const DeviceBackendContext
   std::vector<CudaRankRecord> records;
   for (const Bytes& bytes : context.store->multiGet(keys)) records.push_back(decode(bytes));
 
+  for (size_t r = 1; r < records.size(); ++r) {
+    if (records[r].forced != records[0].forced) {
+      throw InvalidArgument("RINGTREE_CUDA_BACKEND differs between the ranks of a group: rank 0 has '" +
+                            records[0].forced + "', rank " + std::to_string(r) + " '" + records[r].forced + "'");
+    }
+  }
   std::string why;
-  const std::string choice = chooseCudaBackend(records, env::cudaBackend(), &why);
+  const std::string choice = chooseCudaBackend(records, records[0].forced, &why);
   if (choice == "staged") {
     RINGTREE_INFO("rank " << context.rank << ": CUDA buffers of this group are staged through host memory: " << why);
     return makeStagedBackend(context, gpu);

@@ -14,6 +14,7 @@ namespace ringtree::cuda {
 struct CudaRankRecord {
   std::string gpu;         // the physical GPU: this machine's boot id and its ordinal (see gpuIdentity)
   bool ncclUsable = false;
+  std::string forced;      // its RINGTREE_CUDA_BACKEND (every rank must have the same)
 };
 
 // This process's name for the physical GPU `device` (a CUDA ordinal): the machine's boot
@@ -30,7 +31,8 @@ std::string chooseCudaBackend(const std::vector<CudaRankRecord>& records, const 
 
 // The factory registered for DeviceType::kCuda: loads ringtree's CUDA library (its error
 // says what is missing), exchanges the ranks' records through the group's store, and makes
-// the chosen backend (nccl_backend.h or staged_backend.h).
+// the chosen backend (nccl_backend.h or staged_backend.h). Throws InvalidArgument on every
+// rank when the ranks' RINGTREE_CUDA_BACKEND differ.
 std::unique_ptr<DeviceBackend> makeDefaultCudaBackend(const DeviceBackendContext& context);
 
 }  // namespace ringtree::cuda

@@ -120,6 +120,7 @@ class DeviceGuard {
 struct Pending {
   void* event = nullptr;          // recorded on the backend's stream after the operation
   Clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};  // what the deadline came from
   const char* opName = nullptr;
   std::shared_ptr<Work> work;     // null for a synchronous call
 };
@@ -149,6 +150,7 @@ class NcclBackend final : public DeviceBackend {
     try {
       checkCuda("creating its stream", gpu_.streamCreate(&stream_));
       checkCuda("creating an event", gpu_.eventCreate(&readyEvent_));
+      checkCuda("creating an event", gpu_.eventCreate(&barrierEvent_));
       checkNccl("ncclCommInitRank", "setting up", nccl_->commInitRank(&comm_, size(), id, rank()));
     } catch (...) {
       comm_ = nullptr;
@@ -167,14 +169,14 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> allreduce(const BufferView& tensor, const AllreduceOptions& options,
                                   const Submission& submission) override {
-    Enqueue call(*this, "all_reduce", tensor.device);
+    Enqueue call(*this, "all_reduce", tensor.device, options.timeout);
     reduceInPlace(call, tensor.data, tensor.data, tensor.count, tensor.type, options.op, options.premulFactor);
     return call.finish(submission);
   }
 
   std::shared_ptr<Work> allreduceCoalesced(const std::vector<BufferView>& tensors, const AllreduceOptions& options,
                                            const Submission& submission) override {
-    Enqueue call(*this, "all_reduce_coalesced", tensors.empty() ? device_ : tensors[0].device);
+    Enqueue call(*this, "all_reduce_coalesced", tensors.empty() ? device_ : tensors[0].device, options.timeout);
     for (const BufferView& tensor : tensors) {
       reduceInPlace(call, tensor.data, tensor.data, tensor.count, tensor.type, options.op, options.premulFactor);
     }
@@ -183,7 +185,7 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> broadcast(const BufferView& tensor, const BroadcastOptions& options,
                                   const Submission& submission) override {
-    Enqueue call(*this, "broadcast", tensor.device);
+    Enqueue call(*this, "broadcast", tensor.device, options.timeout);
     call.nccl("ncclBroadcast", nccl_->broadcast(tensor.data, tensor.data, bytesOf(tensor), kNcclInt8, options.root,
                                                  comm_, stream_));
     return call.finish(submission);
@@ -191,13 +193,13 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> reduce(const BufferView& tensor, const ReduceOptions& options,
                                const Submission& submission) override {
-    Enqueue call(*this, "reduce", tensor.device);
+    Enqueue call(*this, "reduce", tensor.device, options.timeout);
     const ReducePlan plan = planReduction(tensor.type, options.op, nccl_->redOpCreatePreMulSum != nullptr);
     if (plan.own) {
       // The ring reduces every rank's copy; only the root's buffer may change.
       void* work = tensor.data;
       if (rank() != options.root) {
-        work = scratch(kStaging, bytesOf(tensor));
+        work = scratch(call, kStaging, bytesOf(tensor));
         call.cuda("copying to a staging buffer", gpu_.memcpyAsync(work, tensor.data, bytesOf(tensor), stream_));
       }
       ownAllreduce(call, work, tensor.count, tensor.type, options.op, options.premulFactor);
@@ -212,14 +214,14 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> allgather(const std::vector<BufferView>& tensorList, const BufferView& tensor,
                                   const AllgatherOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "all_gather", tensor.device);
+    Enqueue call(*this, "all_gather", tensor.device, options.timeout);
     gatherAllInto(call, tensorList, tensor);
     return call.finish(submission);
   }
 
   std::shared_ptr<Work> allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor,
                                         const AllgatherOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "all_gather_single", inputTensor.device);
+    Enqueue call(*this, "all_gather_single", inputTensor.device, options.timeout);
     call.nccl("ncclAllGather", nccl_->allGather(inputTensor.data, outputTensor.data, bytesOf(inputTensor), kNcclInt8,
                                                  comm_, stream_));
     return call.finish(submission);
@@ -228,7 +230,7 @@ class NcclBackend final : public DeviceBackend {
   std::shared_ptr<Work> allgatherCoalesced(const std::vector<std::vector<BufferView>>& outputTensorLists,
                                            const std::vector<BufferView>& inputTensorList,
                                            const AllgatherOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "all_gather_coalesced", inputTensorList.empty() ? device_ : inputTensorList[0].device);
+    Enqueue call(*this, "all_gather_coalesced", inputTensorList.empty() ? device_ : inputTensorList[0].device, options.timeout);
     for (size_t i = 0; i < inputTensorList.size(); ++i) {
       std::vector<BufferView> outputs;
       outputs.reserve(outputTensorLists.size());
@@ -242,7 +244,7 @@ class NcclBackend final : public DeviceBackend {
                                                  const std::vector<BufferView>& inputTensors,
                                                  const AllgatherOptions& options,
                                                  const Submission& submission) override {
-    Enqueue call(*this, "all_gather_single_coalesced", inputTensors.empty() ? device_ : inputTensors[0].device);
+    Enqueue call(*this, "all_gather_single_coalesced", inputTensors.empty() ? device_ : inputTensors[0].device, options.timeout);
     Group group(call);
     for (size_t i = 0; i < inputTensors.size(); ++i) {
       call.nccl("ncclAllGather", nccl_->allGather(inputTensors[i].data, outputTensors[i].data,
@@ -254,13 +256,15 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> gather(const BufferView& tensor, const std::vector<BufferView>& gatherList,
                                const GatherOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "gather", tensor.device);
+    Enqueue call(*this, "gather", tensor.device, options.timeout);
     Group group(call);
     if (rank() == options.root) {
       for (int r = 0; r < size(); ++r) {
         const BufferView& part = gatherList[static_cast<size_t>(r)];
         if (r == rank()) {
-          call.cuda("copying its own part", gpu_.memcpyAsync(part.data, tensor.data, bytesOf(tensor), stream_));
+          if (part.data != tensor.data) {
+            call.cuda("copying its own part", gpu_.memcpyAsync(part.data, tensor.data, bytesOf(tensor), stream_));
+          }
         } else {
           call.nccl("ncclRecv", nccl_->recv(part.data, bytesOf(part), kNcclInt8, r, comm_, stream_));
         }
@@ -274,13 +278,15 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> scatter(const BufferView& tensor, const std::vector<BufferView>& scatterList,
                                 const ScatterOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "scatter", tensor.device);
+    Enqueue call(*this, "scatter", tensor.device, options.timeout);
     Group group(call);
     if (rank() == options.root) {
       for (int r = 0; r < size(); ++r) {
         const BufferView& part = scatterList[static_cast<size_t>(r)];
         if (r == rank()) {
-          call.cuda("copying its own part", gpu_.memcpyAsync(tensor.data, part.data, bytesOf(tensor), stream_));
+          if (part.data != tensor.data) {
+            call.cuda("copying its own part", gpu_.memcpyAsync(tensor.data, part.data, bytesOf(tensor), stream_));
+          }
         } else {
           call.nccl("ncclSend", nccl_->send(part.data, bytesOf(part), kNcclInt8, r, comm_, stream_));
         }
@@ -294,22 +300,38 @@ class NcclBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> reduceScatter(const BufferView& output, const std::vector<BufferView>& inputList,
                                       const ReduceScatterOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "reduce_scatter", output.device);
+    Enqueue call(*this, "reduce_scatter", output.device, options.timeout);
     // NCCL reduces one buffer of size() parts: lay the inputs end to end first.
-    const size_t partBytes = bytesOf(output);
-    auto* staging = static_cast<std::byte*>(scratch(kStaging, partBytes * inputList.size()));
-    for (size_t r = 0; r < inputList.size(); ++r) {
-      call.cuda("copying to a staging buffer",
-                gpu_.memcpyAsync(staging + r * partBytes, inputList[r].data, partBytes, stream_));
+    size_t totalBytes = 0;
+    bool even = true;
+    for (const BufferView& input : inputList) {
+      totalBytes += bytesOf(input);
+      even = even && input.count == output.count;
     }
-    reduceScatterFrom(call, output, staging, options);
+    auto* staging = static_cast<std::byte*>(scratch(call, kStaging, totalBytes));
+    size_t offset = 0;
+    size_t mine = 0;
+    for (size_t r = 0; r < inputList.size(); ++r) {
+      if (static_cast<int>(r) == rank()) mine = offset;
+      call.cuda("copying to a staging buffer",
+                gpu_.memcpyAsync(staging + offset, inputList[r].data, bytesOf(inputList[r]), stream_));
+      offset += bytesOf(inputList[r]);
+    }
+    if (even) {
+      reduceScatterFrom(call, output, staging, options);
+    } else {
+      // Parts of different sizes: reduce them all, keep this rank's.
+      reduceInPlace(call, staging, staging, totalBytes / elementSize(output.type), output.type, options.op,
+                    options.premulFactor);
+      call.cuda("copying the result", gpu_.memcpyAsync(output.data, staging + mine, bytesOf(output), stream_));
+    }
     return call.finish(submission);
   }
 
   std::shared_ptr<Work> reduceScatterSingle(const BufferView& output, const BufferView& input,
                                             const ReduceScatterOptions& options,
                                             const Submission& submission) override {
-    Enqueue call(*this, "reduce_scatter_single", output.device);
+    Enqueue call(*this, "reduce_scatter_single", output.device, options.timeout);
     reduceScatterFrom(call, output, input.data, options);
     return call.finish(submission);
   }
@@ -318,7 +340,7 @@ class NcclBackend final : public DeviceBackend {
                                                      const std::vector<BufferView>& inputs,
                                                      const ReduceScatterOptions& options,
                                                      const Submission& submission) override {
-    Enqueue call(*this, "reduce_scatter_single_coalesced", outputs.empty() ? device_ : outputs[0].device);
+    Enqueue call(*this, "reduce_scatter_single_coalesced", outputs.empty() ? device_ : outputs[0].device, options.timeout);
     for (size_t i = 0; i < outputs.size(); ++i) reduceScatterFrom(call, outputs[i], inputs[i].data, options);
     return call.finish(submission);
   }
@@ -326,13 +348,15 @@ class NcclBackend final : public DeviceBackend {
   std::shared_ptr<Work> alltoall(const std::vector<BufferView>& outputTensorList,
                                  const std::vector<BufferView>& inputTensorList, const AlltoallOptions& options,
                                  const Submission& submission) override {
-    Enqueue call(*this, "all_to_all", inputTensorList.empty() ? device_ : inputTensorList[0].device);
+    Enqueue call(*this, "all_to_all", inputTensorList.empty() ? device_ : inputTensorList[0].device, options.timeout);
     Group group(call);
     for (int r = 0; r < size(); ++r) {
       const BufferView& out = outputTensorList[static_cast<size_t>(r)];
       const BufferView& in = inputTensorList[static_cast<size_t>(r)];
       if (r == rank()) {
-        call.cuda("copying its own part", gpu_.memcpyAsync(out.data, in.data, bytesOf(in), stream_));
+        if (out.data != in.data) {
+          call.cuda("copying its own part", gpu_.memcpyAsync(out.data, in.data, bytesOf(in), stream_));
+        }
         continue;
       }
       call.nccl("ncclSend", nccl_->send(in.data, bytesOf(in), kNcclInt8, r, comm_, stream_));
@@ -345,14 +369,16 @@ class NcclBackend final : public DeviceBackend {
   // An allreduce of one int32 on the device; a synchronous barrier then waits on the host
   // for it (every rank reached the barrier once it finished).
   std::shared_ptr<Work> barrier(const BarrierOptions& options, const Submission& submission) override {
-    Enqueue call(*this, "barrier", device_);
-    void* flag = scratch(kBarrierFlag, sizeof(int32_t));
+    Enqueue call(*this, "barrier", device_, options.timeout);
+    void* flag = scratch(call, kBarrierFlag, sizeof(int32_t));
     call.nccl("ncclAllReduce", nccl_->allReduce(flag, flag, 1, kNcclInt32, kNcclSum, comm_, stream_));
     if (submission.async) return call.finish(submission);
-    const std::chrono::milliseconds timeout = options.timeout.count() > 0 ? options.timeout : timeout_;
-    void* done = call.finishOnHost();
+    // The host waits on an event of its own (pool events are recycled by the watchdog).
+    call.cuda("recording its end", gpu_.eventRecord(barrierEvent_, stream_));
+    call.finish({});
+    const Clock::time_point deadline = Clock::now() + call.timeout();
     call.unlock();
-    waitOnHost("barrier", done, Clock::now() + timeout);
+    waitOnHost("barrier", barrierEvent_, deadline);
     return nullptr;
   }
 
@@ -407,7 +433,7 @@ class NcclBackend final : public DeviceBackend {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return;
     const Clock::time_point deadline = Clock::now() + timeout_;
-    drained_.wait_until(lock, deadline, [&] { return pending_.empty() || failure_; });
+    drained_.wait_until(lock, deadline, [&] { return pending_.empty() || failure_ || closed_; });
     const bool drained = pending_.empty();
     lock.unlock();
     close(/*abort=*/!drained, "shut down");
@@ -420,61 +446,81 @@ class NcclBackend final : public DeviceBackend {
   // the backend's stream, so one of each is enough).
   enum ScratchSlot { kStaging = 0, kRing = 1, kBarrierFlag = 2, kNumScratchSlots = 3 };
 
-  // One call's enqueueing: holds the backend's lock (NCCL calls on one communicator must
+  // One call's enqueueing: holds the enqueueing lock (NCCL calls on one communicator must
   // not overlap), sets the device, orders the backend's stream after the caller's, and
-  // checks every CUDA and NCCL result on the way.
+  // checks every CUDA and NCCL result on the way. A failure once part of the operation is
+  // enqueued leaves this rank out of step with its peers: it fails the backend (aborting
+  // the communicator) before it is thrown. `timeout` is the call's own (zero: the group's).
   class Enqueue {
    public:
-    Enqueue(NcclBackend& backend, const char* opName, const Device& device)
-        : backend_(backend), opName_(opName), lock_(backend.mutex_), guard_(backend.gpu_, backend.device_.index) {
+    Enqueue(NcclBackend& backend, const char* opName, const Device& device,
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(0))
+        : backend_(backend),
+          opName_(opName),
+          timeout_(timeout.count() > 0 ? timeout : backend.timeout_),
+          lock_(backend.enqueueMutex_),
+          guard_(backend.gpu_, backend.device_.index) {
       backend_.throwIfUnusable(opName_, device);
-      backend_.lastOpName_ = opName_;
       callerStream_ = currentStream(backend_.device_);
       cuda("ordering after the caller's stream", backend_.gpu_.eventRecord(backend_.readyEvent_, callerStream_));
       cuda("ordering after the caller's stream", backend_.gpu_.streamWaitEvent(backend_.stream_, backend_.readyEvent_));
+      enqueued_ = false;  // the ordering alone leaves the peers in step
     }
 
     void cuda(const char* what, int result) {
-      if (result != 0) {
-        throw Error(backend_.where(opName_) + ": CUDA failed " + what + ": " + backend_.gpu_.errorString(result));
+      if (result == 0) {
+        enqueued_ = true;
+        return;
       }
+      raise(std::make_exception_ptr(
+          Error(backend_.where(opName_) + ": CUDA failed " + what + ": " + backend_.gpu_.errorString(result))));
     }
-    void nccl(const char* function, int result) { backend_.checkNccl(function, opName_, result); }
+    void nccl(const char* function, int result) {
+      if (result == kNcclSuccess) {
+        enqueued_ = true;
+        return;
+      }
+      raise(backend_.ncclError(function, opName_, result));
+    }
 
     // Records the end of the operation and hands it to the watchdog; see the class comment
     // of the header for what synchronous and asynchronous calls return.
     std::shared_ptr<Work> finish(const Submission& submission) {
+      enqueued_ = true;  // from here every failure leaves an untracked operation behind
       void* done = backend_.takeEvent();
-      cuda("recording its end", backend_.gpu_.eventRecord(done, backend_.stream_));
+      const int recorded = backend_.gpu_.eventRecord(done, backend_.stream_);
+      if (recorded != 0) backend_.recycle(done);
+      cuda("recording its end", recorded);
       std::shared_ptr<Work> work;
       if (submission.async) {
         work = std::make_shared<Work>(opName_, submission.keepAlive);
       } else {
+        backend_.track(done, opName_, nullptr, timeout_);
         cuda("ordering the caller's stream after it", backend_.gpu_.streamWaitEvent(callerStream_, done));
+        return nullptr;
       }
-      backend_.track(done, opName_, work);
+      backend_.track(done, opName_, work, timeout_);
       return work;
     }
 
-    // Records the end of the operation for a host-side wait: the event stays the
-    // caller's to wait on, and the backend's until the watchdog recycles it.
-    void* finishOnHost() {
-      void* done = backend_.takeEvent();
-      cuda("recording its end", backend_.gpu_.eventRecord(done, backend_.stream_));
-      backend_.track(done, opName_, nullptr);
-      return done;
-    }
-
     NcclBackend& backend() { return backend_; }
+    std::chrono::milliseconds timeout() const { return timeout_; }
     // Lets other calls in before this object ends (a host-side wait).
     void unlock() { lock_.unlock(); }
 
    private:
+    [[noreturn]] void raise(const std::exception_ptr& error) {
+      if (enqueued_) backend_.fail(error);
+      std::rethrow_exception(error);
+    }
+
     NcclBackend& backend_;
     const char* opName_;
+    const std::chrono::milliseconds timeout_;
     std::unique_lock<std::mutex> lock_;
     DeviceGuard guard_;
     void* callerStream_ = nullptr;
+    bool enqueued_ = false;
   };
 
   // ncclGroupStart ... ncclGroupEnd around the point-to-point calls of one operation.
@@ -510,19 +556,28 @@ class NcclBackend final : public DeviceBackend {
   }
 
   void checkNccl(const char* function, const char* opName, int result) const {
-    if (result == kNcclSuccess) return;
+    if (result != kNcclSuccess) std::rethrow_exception(ncclError(function, opName, result));
+  }
+
+  // The error of an NCCL call that returned `result`: InvalidArgument for NCCL's invalid
+  // argument and usage results, else Error; with NCCL's last error text where it has one.
+  std::exception_ptr ncclError(const char* function, const char* opName, int result) const {
     std::string message = where(opName) + ": " + function + " failed: " + nccl_->getErrorString(result);
     if (nccl_->getLastError != nullptr && comm_ != nullptr) {
       const char* last = nccl_->getLastError(comm_);
       if (last != nullptr && *last != '\0') message += std::string(" (") + last + ")";
     }
-    if (result == kNcclInvalidArgument || result == kNcclInvalidUsage) throw InvalidArgument(message);
-    throw Error(message);
+    if (result == kNcclInvalidArgument || result == kNcclInvalidUsage) {
+      return std::make_exception_ptr(InvalidArgument(message));
+    }
+    return std::make_exception_ptr(Error(message));
   }
 
-  // Under mutex_: refuses calls once the backend failed or closed, and buffers on another
-  // device than the communicator's.
-  void throwIfUnusable(const char* opName, const Device& device) const {
+  // Refuses calls once the backend failed or closed, and buffers on another device than the
+  // communicator's; notes the call for errors found after it.
+  void throwIfUnusable(const char* opName, const Device& device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lastOpName_ = opName;
     if (failure_) std::rethrow_exception(failure_);
     if (closed_) throw Error(where(opName) + ": the group's NCCL communicator has been " + closedHow_);
     if (device.index != device_.index) {
@@ -540,23 +595,19 @@ class NcclBackend final : public DeviceBackend {
 
   static size_t bytesOf(const BufferView& buffer) { return buffer.count * elementSize(buffer.type); }
 
-  // A device buffer of at least `bytes` for `slot`. Growing frees the old one after the
-  // stream drained, since earlier operations may still use it.
-  void* scratch(ScratchSlot slot, size_t bytes) {
+  // Under the enqueueing lock: a device buffer of at least `bytes` for `slot`. A grown
+  // slot's old buffer is kept until release(), since operations still queued may use it
+  // (freeing it now would wait for the device, with the lock held); slots at least double,
+  // so what is kept is less than what is in use.
+  void* scratch(Enqueue& call, ScratchSlot slot, size_t bytes) {
     Scratch& s = scratch_[slot];
     if (bytes <= s.bytes && s.data != nullptr) return s.data;
-    if (s.data != nullptr) {
-      gpu_.streamSynchronize(stream_);
-      gpu_.deviceFree(s.data);
-      s = {};
-    }
-    const size_t rounded = std::max<size_t>(bytes, 256);
-    const int result = gpu_.deviceMalloc(&s.data, rounded);
-    if (result != 0) {
-      s.data = nullptr;
-      throw Error(where("allocating scratch memory") + ": " + std::to_string(rounded) +
-                  " bytes could not be allocated: " + gpu_.errorString(result));
-    }
+    const size_t rounded = std::max<size_t>({bytes, 256, 2 * s.bytes});
+    void* data = nullptr;
+    call.cuda(("allocating " + std::to_string(rounded) + " bytes of scratch memory").c_str(),
+              gpu_.deviceMalloc(&data, rounded));
+    if (s.data != nullptr) retiredScratch_.push_back(s.data);
+    s.data = data;
     s.bytes = rounded;
     return s.data;
   }
@@ -631,7 +682,7 @@ class NcclBackend final : public DeviceBackend {
     const size_t partBytes = bytesOf(output);
     if (plan.own) {
       // Reduce all parts in a copy, then keep this rank's part.
-      auto* whole = static_cast<std::byte*>(scratch(kStaging, partBytes * static_cast<size_t>(size())));
+      auto* whole = static_cast<std::byte*>(scratch(call, kStaging, partBytes * static_cast<size_t>(size())));
       if (whole != input) {
         call.cuda("copying to a staging buffer",
                   gpu_.memcpyAsync(whole, input, partBytes * static_cast<size_t>(size()), stream_));
@@ -649,16 +700,29 @@ class NcclBackend final : public DeviceBackend {
   }
 
   // outputs[r] <- rank r's input: NCCL's allgather into one buffer, then copied out (in
-  // place where the outputs already are that buffer's parts).
+  // place where the outputs already are that buffer's parts); parts of different sizes as
+  // one broadcast from each rank, in one NCCL group.
   void gatherAllInto(Enqueue& call, const std::vector<BufferView>& outputs, const BufferView& input) {
     const size_t partBytes = bytesOf(input);
+    bool even = true;
+    for (const BufferView& output : outputs) even = even && output.count == input.count;
+    if (!even) {
+      Group group(call);
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        const void* send = static_cast<int>(r) == rank() ? input.data : outputs[r].data;
+        call.nccl("ncclBroadcast", nccl_->broadcast(send, outputs[r].data, bytesOf(outputs[r]), kNcclInt8,
+                                                     static_cast<int>(r), comm_, stream_));
+      }
+      group.end();
+      return;
+    }
     bool contiguous = true;
     for (size_t r = 0; r < outputs.size(); ++r) {
       contiguous = contiguous && static_cast<std::byte*>(outputs[r].data) ==
                                      static_cast<std::byte*>(outputs[0].data) + r * partBytes;
     }
     auto* whole = contiguous ? static_cast<std::byte*>(outputs[0].data)
-                             : static_cast<std::byte*>(scratch(kStaging, partBytes * outputs.size()));
+                             : static_cast<std::byte*>(scratch(call, kStaging, partBytes * outputs.size()));
     call.nccl("ncclAllGather", nccl_->allGather(input.data, whole, partBytes, kNcclInt8, comm_, stream_));
     if (contiguous) return;
     for (size_t r = 0; r < outputs.size(); ++r) {
@@ -682,7 +746,7 @@ class NcclBackend final : public DeviceBackend {
     const int next = (rank() + 1) % n;
     const int previous = (rank() + n - 1) % n;
     if (n > 1) {
-      auto* incoming = static_cast<std::byte*>(scratch(kRing, length(n - 1) * element + element));
+      auto* incoming = static_cast<std::byte*>(scratch(call, kRing, length(n - 1) * element + element));
       for (int step = 0; step < n - 1; ++step) {
         const int sendChunk = (rank() - step + n) % n;
         const int recvChunk = (rank() - step - 1 + 2 * n) % n;
@@ -714,8 +778,9 @@ class NcclBackend final : public DeviceBackend {
     }
   }
 
-  // Under mutex_: an event from the pool.
+  // An event from the pool.
   void* takeEvent() {
+    std::lock_guard<std::mutex> lock(mutex_);
     if (!freeEvents_.empty()) {
       void* event = freeEvents_.back();
       freeEvents_.pop_back();
@@ -727,15 +792,35 @@ class NcclBackend final : public DeviceBackend {
     return event;
   }
 
-  // Under mutex_: hands an enqueued operation to the watchdog.
-  void track(void* event, const char* opName, std::shared_ptr<Work> work) {
-    pending_.push_back(Pending{event, Clock::now() + timeout_, opName, std::move(work)});
-    if (pending_.size() == 1) wake_.notify_one();
+  // An event takeEvent() gave that was not recorded.
+  void recycle(void* event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    freeEvents_.push_back(event);
   }
 
-  // Blocks the calling thread until `event` completed, the backend failed, or `deadline`.
-  // The event is queried under mutex_ while nothing failed: until then it is pending (or
-  // was recycled: a later record of it completes after this one), never destroyed.
+  // Hands an enqueued operation to the watchdog, with its deadline. After a failure the
+  // operation fails at once (the communicator is aborted).
+  void track(void* event, const char* opName, std::shared_ptr<Work> work, std::chrono::milliseconds timeout) {
+    std::exception_ptr failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_ && !closed_) {
+        pending_.push_back(Pending{event, Clock::now() + timeout, timeout, opName, std::move(work)});
+        if (pending_.size() == 1) wake_.notify_one();
+        return;
+      }
+      failed = failure_ ? failure_
+                        : std::make_exception_ptr(Error(where(opName) + ": the group's NCCL communicator has been " +
+                                                        closedHow_));
+    }
+    gpu_.eventDestroy(event);
+    if (work) work->finish(failed);
+  }
+
+  // Blocks the calling thread until `event` (the backend's barrier event) completed, the
+  // backend failed or closed, or `deadline`. The event is queried under mutex_ while
+  // nothing failed and the backend is open: until then release() has not destroyed it (a
+  // later record of it, by another barrier, completes after this one).
   void waitOnHost(const char* opName, void* event, Clock::time_point deadline) {
     auto pause = std::chrono::microseconds(1);
     for (;;) {
@@ -774,23 +859,29 @@ class NcclBackend final : public DeviceBackend {
       }
       std::vector<Pending> finished;
       std::string expired;
+      Clock::time_point expiredDeadline;
+      std::chrono::milliseconds expiredTimeout{0};
       while (!pending_.empty()) {
         const int state = gpu_.eventQuery(pending_.front().event);
         if (state == RINGTREE_GPU_NOT_READY) {
-          if (Clock::now() >= pending_.front().deadline) expired = pending_.front().opName;
+          if (Clock::now() >= pending_.front().deadline) {
+            expired = pending_.front().opName;
+            expiredDeadline = pending_.front().deadline;
+            expiredTimeout = pending_.front().timeout;
+          }
+          break;
+        }
+        if (state != 0) {  // stays pending: fail() below fails it with the rest
+          expired.clear();
+          failure_ = std::make_exception_ptr(Error(where(pending_.front().opName) + ": CUDA reported an error: " +
+                                                   gpu_.errorString(state)));
           break;
         }
         finished.push_back(std::move(pending_.front()));
         pending_.pop_front();
-        if (state != 0) {
-          expired.clear();
-          failure_ = std::make_exception_ptr(Error(where(finished.back().opName) + ": CUDA reported an error: " +
-                                                   gpu_.errorString(state)));
-          break;
-        }
       }
       int asyncError = kNcclSuccess;
-      if (!failure_ && comm_ != nullptr && nccl_->commGetAsyncError(comm_, &asyncError) == kNcclSuccess &&
+      if (!failure_ && !aborted_ && comm_ != nullptr && nccl_->commGetAsyncError(comm_, &asyncError) == kNcclSuccess &&
           asyncError != kNcclSuccess && asyncError != kNcclInProgress) {
         std::string message = where(pending_.empty() ? lastOpName_ : pending_.front().opName) +
                               ": NCCL reported an asynchronous error: " + nccl_->getErrorString(asyncError);
@@ -801,9 +892,10 @@ class NcclBackend final : public DeviceBackend {
         failure_ = std::make_exception_ptr(Error(message + "; the communicator was aborted"));
       }
       if (!failure_ && !expired.empty()) {
+        const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - expiredDeadline);
         failure_ = std::make_exception_ptr(TimeoutError(
-            where(expired.c_str()) + " did not finish within the group's timeout of " +
-            std::to_string(timeout_.count()) + " ms; the communicator was aborted"));
+            where(expired.c_str()) + " did not finish within its timeout of " + std::to_string(expiredTimeout.count()) +
+            " ms (" + std::to_string(late.count()) + " ms ago); the communicator was aborted"));
       }
       for (Pending& entry : finished) freeEvents_.push_back(entry.event);
       if (failure_) {
@@ -852,6 +944,8 @@ class NcclBackend final : public DeviceBackend {
 
   // Ends the communicator (destroys it, or aborts it when `abort` or when operations are
   // still pending) and releases everything else. Idempotent.
+  // Aborting never waits for the enqueueing lock (a call may be blocked inside NCCL, which
+  // the abort releases); destroying takes it, so that no call is inside NCCL meanwhile.
   void close(bool abort, const char* how) {
     std::vector<Pending> left;
     {
@@ -861,22 +955,26 @@ class NcclBackend final : public DeviceBackend {
       closedHow_ = how;
       stopWatching_ = true;
       wake_.notify_all();
+      drained_.notify_all();
     }
     // Work callbacks run on the watchdog and must not close the group (Work's contract).
     if (watchdog_.joinable()) watchdog_.join();
+    bool destroy = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       left.assign(std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.end()));
       pending_.clear();
       if (comm_ != nullptr && !aborted_) {
+        aborted_ = true;
         if (abort || !left.empty()) {
           nccl_->commAbort(comm_);
         } else {
-          nccl_->commDestroy(comm_);
+          destroy = true;
         }
-        aborted_ = true;
       }
     }
+    std::unique_lock<std::mutex> enqueueing(enqueueMutex_);
+    if (destroy) nccl_->commDestroy(comm_);
     const std::exception_ptr error =
         left.empty() ? nullptr
                      : std::make_exception_ptr(Error(where(left.front().opName) + ": the group was " + how +
@@ -886,18 +984,26 @@ class NcclBackend final : public DeviceBackend {
     release();
   }
 
-  // Frees the stream, events and scratch buffers (after the communicator is gone).
+  // Frees the stream, events and scratch buffers (after the communicator is gone; with the
+  // enqueueing lock held, or before the backend is shared). deviceFree waits for the
+  // device, as cudaFree does.
   void release() {
     DeviceGuard guard(gpu_, device_.index);
-    if (stream_ != nullptr) gpu_.streamSynchronize(stream_);
     for (Scratch& s : scratch_) {
       if (s.data != nullptr) gpu_.deviceFree(s.data);
       s = {};
     }
-    for (void* event : freeEvents_) gpu_.eventDestroy(event);
-    freeEvents_.clear();
-    if (readyEvent_ != nullptr) gpu_.eventDestroy(readyEvent_);
-    readyEvent_ = nullptr;
+    for (void* data : retiredScratch_) gpu_.deviceFree(data);
+    retiredScratch_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (void* event : freeEvents_) gpu_.eventDestroy(event);
+      freeEvents_.clear();
+    }
+    for (void** event : {&readyEvent_, &barrierEvent_}) {
+      if (*event != nullptr) gpu_.eventDestroy(*event);
+      *event = nullptr;
+    }
     if (stream_ != nullptr) gpu_.streamDestroy(stream_);
     stream_ = nullptr;
   }
@@ -912,13 +1018,20 @@ class NcclBackend final : public DeviceBackend {
   const Device device_;
   const std::chrono::milliseconds timeout_;
 
-  std::mutex mutex_;  // guards everything below, and serialises enqueueing
-  NcclComm comm_ = nullptr;
+  // Serialises enqueueing (NCCL calls on one communicator must not overlap) and guards
+  // what only calls use. Taken before mutex_ when both are held.
+  std::mutex enqueueMutex_;
+  NcclComm comm_ = nullptr;  // set before the backend is shared, then constant
   void* stream_ = nullptr;
-  void* readyEvent_ = nullptr;  // re-recorded by every call: a stream wait takes its latest record
-  std::vector<void*> freeEvents_;
+  void* readyEvent_ = nullptr;    // re-recorded by every call: a stream wait takes its latest record
+  void* barrierEvent_ = nullptr;  // what a synchronous barrier waits for on the host
   Scratch scratch_[kNumScratchSlots];
+  std::vector<void*> retiredScratch_;  // grown slots' old buffers, freed by release()
   uint16_t halfScalar_ = 0;
+
+  // Guards the operations' state, for calls and the watchdog; never held across a wait.
+  std::mutex mutex_;
+  std::vector<void*> freeEvents_;
   std::deque<Pending> pending_;
   std::condition_variable wake_;     // the watchdog: work arrived, or stop
   std::condition_variable drained_;  // shutdown: nothing pending

@@ -1,6 +1,8 @@
 #include "backends/cuda/staged_backend.h"
 
 #include <cstddef>
+#include <exception>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,145 +30,159 @@ class StagedBackend final : public DeviceBackend {
 
   std::shared_ptr<Work> allreduce(const BufferView& tensor, const AllreduceOptions& options,
                                   const Submission& submission) override {
-    Call call(*this, "all_reduce");
-    HostCopy copy = call.in(tensor);
-    host_.allreduce(copy.view, options, {});
-    call.out(copy);
-    return call.done(submission);
+    return run("all_reduce", submission, [&] {
+      Call call(*this, "all_reduce");
+      HostCopy copy = call.in(tensor);
+      host_.allreduce(copy.view, options, {});
+      call.out(copy);
+    });
   }
 
   std::shared_ptr<Work> allreduceCoalesced(const std::vector<BufferView>& tensors, const AllreduceOptions& options,
                                            const Submission& submission) override {
-    Call call(*this, "all_reduce_coalesced");
-    std::vector<HostCopy> copies = call.in(tensors);
-    host_.allreduceCoalesced(views(copies), options, {});
-    call.out(copies);
-    return call.done(submission);
+    return run("all_reduce_coalesced", submission, [&] {
+      Call call(*this, "all_reduce_coalesced");
+      std::vector<HostCopy> copies = call.in(tensors);
+      host_.allreduceCoalesced(views(copies), options, {});
+      call.out(copies);
+    });
   }
 
   std::shared_ptr<Work> broadcast(const BufferView& tensor, const BroadcastOptions& options,
                                   const Submission& submission) override {
-    Call call(*this, "broadcast");
-    const bool root = rank() == options.root;
-    HostCopy copy = root ? call.in(tensor) : call.space(tensor);
-    host_.broadcast(copy.view, options, {});
-    if (!root) call.out(copy);
-    return call.done(submission);
+    return run("broadcast", submission, [&] {
+      Call call(*this, "broadcast");
+      const bool root = rank() == options.root;
+      HostCopy copy = root ? call.in(tensor) : call.space(tensor);
+      host_.broadcast(copy.view, options, {});
+      if (!root) call.out(copy);
+    });
   }
 
   std::shared_ptr<Work> reduce(const BufferView& tensor, const ReduceOptions& options,
                                const Submission& submission) override {
-    Call call(*this, "reduce");
-    HostCopy copy = call.in(tensor);
-    host_.reduce(copy.view, options, {});
-    if (rank() == options.root) call.out(copy);
-    return call.done(submission);
+    return run("reduce", submission, [&] {
+      Call call(*this, "reduce");
+      HostCopy copy = call.in(tensor);
+      host_.reduce(copy.view, options, {});
+      if (rank() == options.root) call.out(copy);
+    });
   }
 
   std::shared_ptr<Work> allgather(const std::vector<BufferView>& tensorList, const BufferView& tensor,
                                   const AllgatherOptions& options, const Submission& submission) override {
-    Call call(*this, "all_gather");
-    HostCopy input = call.in(tensor);
-    std::vector<HostCopy> outputs = call.space(tensorList);
-    host_.allgather(views(outputs), input.view, options, {});
-    call.out(outputs);
-    return call.done(submission);
+    return run("all_gather", submission, [&] {
+      Call call(*this, "all_gather");
+      HostCopy input = call.in(tensor);
+      std::vector<HostCopy> outputs = call.space(tensorList);
+      host_.allgather(views(outputs), input.view, options, {});
+      call.out(outputs);
+    });
   }
 
   std::shared_ptr<Work> allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor,
                                         const AllgatherOptions& options, const Submission& submission) override {
-    Call call(*this, "all_gather_single");
-    HostCopy input = call.in(inputTensor);
-    HostCopy output = call.space(outputTensor);
-    host_.allgatherSingle(output.view, input.view, options, {});
-    call.out(output);
-    return call.done(submission);
+    return run("all_gather_single", submission, [&] {
+      Call call(*this, "all_gather_single");
+      HostCopy input = call.in(inputTensor);
+      HostCopy output = call.space(outputTensor);
+      host_.allgatherSingle(output.view, input.view, options, {});
+      call.out(output);
+    });
   }
 
   std::shared_ptr<Work> allgatherCoalesced(const std::vector<std::vector<BufferView>>& outputTensorLists,
                                            const std::vector<BufferView>& inputTensorList,
                                            const AllgatherOptions& options, const Submission& submission) override {
-    Call call(*this, "all_gather_coalesced");
-    std::vector<HostCopy> inputs = call.in(inputTensorList);
-    std::vector<std::vector<HostCopy>> outputs;
-    std::vector<std::vector<BufferView>> outputViews;
-    for (const std::vector<BufferView>& list : outputTensorLists) {
-      outputs.push_back(call.space(list));
-      outputViews.push_back(views(outputs.back()));
-    }
-    host_.allgatherCoalesced(outputViews, views(inputs), options, {});
-    for (std::vector<HostCopy>& list : outputs) call.out(list);
-    return call.done(submission);
+    return run("all_gather_coalesced", submission, [&] {
+      Call call(*this, "all_gather_coalesced");
+      std::vector<HostCopy> inputs = call.in(inputTensorList);
+      std::vector<std::vector<HostCopy>> outputs;
+      std::vector<std::vector<BufferView>> outputViews;
+      for (const std::vector<BufferView>& list : outputTensorLists) {
+        outputs.push_back(call.space(list));
+        outputViews.push_back(views(outputs.back()));
+      }
+      host_.allgatherCoalesced(outputViews, views(inputs), options, {});
+      for (std::vector<HostCopy>& list : outputs) call.out(list);
+    });
   }
 
   std::shared_ptr<Work> gather(const BufferView& tensor, const std::vector<BufferView>& gatherList,
                                const GatherOptions& options, const Submission& submission) override {
-    Call call(*this, "gather");
-    HostCopy input = call.in(tensor);
-    std::vector<HostCopy> outputs = call.space(gatherList);  // empty but on the root
-    host_.gather(input.view, views(outputs), options, {});
-    call.out(outputs);
-    return call.done(submission);
+    return run("gather", submission, [&] {
+      Call call(*this, "gather");
+      HostCopy input = call.in(tensor);
+      std::vector<HostCopy> outputs = call.space(gatherList);  // empty but on the root
+      host_.gather(input.view, views(outputs), options, {});
+      call.out(outputs);
+    });
   }
 
   std::shared_ptr<Work> scatter(const BufferView& tensor, const std::vector<BufferView>& scatterList,
                                 const ScatterOptions& options, const Submission& submission) override {
-    Call call(*this, "scatter");
-    std::vector<HostCopy> inputs = call.in(scatterList);  // empty but on the root
-    HostCopy output = call.space(tensor);
-    host_.scatter(output.view, views(inputs), options, {});
-    call.out(output);
-    return call.done(submission);
+    return run("scatter", submission, [&] {
+      Call call(*this, "scatter");
+      std::vector<HostCopy> inputs = call.in(scatterList);  // empty but on the root
+      HostCopy output = call.space(tensor);
+      host_.scatter(output.view, views(inputs), options, {});
+      call.out(output);
+    });
   }
 
   std::shared_ptr<Work> reduceScatter(const BufferView& output, const std::vector<BufferView>& inputList,
                                       const ReduceScatterOptions& options, const Submission& submission) override {
-    Call call(*this, "reduce_scatter");
-    std::vector<HostCopy> inputs = call.in(inputList);
-    HostCopy result = call.space(output);
-    host_.reduceScatter(result.view, views(inputs), options, {});
-    call.out(result);
-    return call.done(submission);
+    return run("reduce_scatter", submission, [&] {
+      Call call(*this, "reduce_scatter");
+      std::vector<HostCopy> inputs = call.in(inputList);
+      HostCopy result = call.space(output);
+      host_.reduceScatter(result.view, views(inputs), options, {});
+      call.out(result);
+    });
   }
 
   std::shared_ptr<Work> reduceScatterSingle(const BufferView& output, const BufferView& input,
                                             const ReduceScatterOptions& options,
                                             const Submission& submission) override {
-    Call call(*this, "reduce_scatter_single");
-    HostCopy whole = call.in(input);
-    HostCopy result = call.space(output);
-    host_.reduceScatterSingle(result.view, whole.view, options, {});
-    call.out(result);
-    return call.done(submission);
+    return run("reduce_scatter_single", submission, [&] {
+      Call call(*this, "reduce_scatter_single");
+      HostCopy whole = call.in(input);
+      HostCopy result = call.space(output);
+      host_.reduceScatterSingle(result.view, whole.view, options, {});
+      call.out(result);
+    });
   }
 
   std::shared_ptr<Work> reduceScatterSingleCoalesced(const std::vector<BufferView>& outputs,
                                                      const std::vector<BufferView>& inputs,
                                                      const ReduceScatterOptions& options,
                                                      const Submission& submission) override {
-    Call call(*this, "reduce_scatter_single_coalesced");
-    std::vector<HostCopy> wholes = call.in(inputs);
-    std::vector<HostCopy> results = call.space(outputs);
-    host_.reduceScatterSingleCoalesced(views(results), views(wholes), options, {});
-    call.out(results);
-    return call.done(submission);
+    return run("reduce_scatter_single_coalesced", submission, [&] {
+      Call call(*this, "reduce_scatter_single_coalesced");
+      std::vector<HostCopy> wholes = call.in(inputs);
+      std::vector<HostCopy> results = call.space(outputs);
+      host_.reduceScatterSingleCoalesced(views(results), views(wholes), options, {});
+      call.out(results);
+    });
   }
 
   std::shared_ptr<Work> alltoall(const std::vector<BufferView>& outputTensorList,
                                  const std::vector<BufferView>& inputTensorList, const AlltoallOptions& options,
                                  const Submission& submission) override {
-    Call call(*this, "all_to_all");
-    std::vector<HostCopy> inputs = call.in(inputTensorList);
-    std::vector<HostCopy> outputs = call.space(outputTensorList);
-    host_.alltoall(views(outputs), views(inputs), options, {});
-    call.out(outputs);
-    return call.done(submission);
+    return run("all_to_all", submission, [&] {
+      Call call(*this, "all_to_all");
+      std::vector<HostCopy> inputs = call.in(inputTensorList);
+      std::vector<HostCopy> outputs = call.space(outputTensorList);
+      host_.alltoall(views(outputs), views(inputs), options, {});
+      call.out(outputs);
+    });
   }
 
   std::shared_ptr<Work> barrier(const BarrierOptions& options, const Submission& submission) override {
-    Call call(*this, "barrier");
-    host_.barrier(options, {});
-    return call.done(submission);
+    return run("barrier", submission, [&] {
+      Call call(*this, "barrier");
+      host_.barrier(options, {});
+    });
   }
 
   void send(const BufferView& tensor, int dst, int tag) override {
@@ -183,35 +199,50 @@ class StagedBackend final : public DeviceBackend {
     return source;
   }
 
+  // Posted on the CPU engine and returned at once (a receive posted after a send to the
+  // same peer cannot wait for it): the host copy is the engine's keep-alive.
   std::shared_ptr<Work> isend(const BufferView& tensor, int dst, int tag, std::shared_ptr<void> keepAlive) override {
-    send(tensor, dst, tag);
-    return completed("send", std::move(keepAlive), -1);
+    Call call(*this, "send");
+    auto copy = std::make_shared<HostCopy>(call.in(tensor));
+    const BufferView view = copy->view;
+    return host_.isend(view, dst, tag, std::make_shared<KeptAlive>(KeptAlive{copy, std::move(keepAlive)}));
   }
 
+  // The Work completes once the message is back in device memory: the CPU engine's
+  // receive, then a copy on the legacy default stream, waited for, on the thread that
+  // completed the receive.
   std::shared_ptr<Work> irecv(const BufferView& tensor, int src, int tag, std::shared_ptr<void> keepAlive) override {
-    return completed("recv", std::move(keepAlive), recv(tensor, src, tag));
-  }
-
-  // Every op posted on the CPU engine before any is waited for (its posting never blocks).
-  std::vector<std::shared_ptr<Work>> batchIsendIrecv(const std::vector<PointToPointOp>& ops,
-                                                     std::shared_ptr<void> keepAlive) override {
-    Call call(*this, "batch_isend_irecv");
-    std::vector<HostCopy> copies;
-    copies.reserve(ops.size());
-    std::vector<PointToPointOp> hostOps = ops;
-    std::vector<std::shared_ptr<Work>> posted;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      copies.push_back(ops[i].send ? call.in(ops[i].tensor) : call.space(ops[i].tensor));
-      hostOps[i].tensor = copies.back().view;
-    }
-    posted = host_.batchIsendIrecv(hostOps, nullptr);
-    std::vector<std::shared_ptr<Work>> works;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      posted[i]->wait();
-      if (!ops[i].send) call.out(copies[i]);
-      works.push_back(completed(ops[i].send ? "send" : "recv", keepAlive, posted[i]->sourceRank()));
-    }
-    return works;
+    Call call(*this, "recv");
+    auto copy = std::make_shared<HostCopy>(call.space(tensor));
+    auto work = std::make_shared<Work>("recv", std::move(keepAlive));
+    const BufferView view = copy->view;
+    const std::shared_ptr<Work> posted = host_.irecv(view, src, tag, copy);
+    const RingtreeGpuApi* gpu = &gpu_;
+    const int device = device_.index;
+    const std::string where = "rank " + std::to_string(rank()) + " of " + std::to_string(size()) + ", recv on " +
+                              deviceName(device_) + " (staged through host memory)";
+    posted->addCallback([work, copy, gpu, device, where](Work& received) {
+      if (!received.isSuccess()) {
+        work->finish(received.exception());
+        return;
+      }
+      int previous = -1;
+      if (gpu->getDevice(&previous) != 0) previous = -1;
+      gpu->setDevice(device);
+      int result = copy->bytes.empty()
+                       ? 0
+                       : gpu->memcpyAsync(copy->device.data, copy->bytes.data(), copy->bytes.size(), nullptr);
+      if (result == 0) result = gpu->streamSynchronize(nullptr);
+      if (previous >= 0 && previous != device) gpu->setDevice(previous);
+      if (result != 0) {
+        work->finish(std::make_exception_ptr(
+            Error(where + ": CUDA failed copying back to device memory: " + gpu->errorString(result))));
+        return;
+      }
+      work->setSourceRank(received.sourceRank());
+      work->finish();
+    });
+    return work;
   }
 
   // Nothing of its own to end: the CPU engine belongs to the group.
@@ -236,8 +267,15 @@ class StagedBackend final : public DeviceBackend {
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
 
-    // Host memory for `device`, uninitialised.
+    // Host memory for `device`, uninitialised. Refuses a buffer on another GPU than the
+    // group's (its producer's stream would not be the one waited for).
     HostCopy space(const BufferView& device) {
+      if (device.device.index != backend_.device_.index) {
+        throw InvalidArgument("rank " + std::to_string(backend_.rank()) + " of " + std::to_string(backend_.size()) +
+                              ", " + opName_ + ": the buffers are on " + deviceName(device.device) +
+                              ", but this group's CUDA buffers are on " + deviceName(backend_.device_) +
+                              " (one device per group and rank)");
+      }
       HostCopy copy;
       copy.bytes.resize(device.count * elementSize(device.type));
       copy.view = BufferView(copy.bytes.data(), device.count, device.type, Device{}, device.rows);
@@ -270,10 +308,6 @@ class StagedBackend final : public DeviceBackend {
       for (const HostCopy& copy : copies) out(copy);
     }
 
-    std::shared_ptr<Work> done(const Submission& submission) {
-      return submission.async ? backend_.completed(opName_, submission.keepAlive, -1) : nullptr;
-    }
-
    private:
     void copyAndWait(const char* what, void* destination, const void* source, size_t bytes) {
       if (bytes == 0) return;
@@ -301,10 +335,28 @@ class StagedBackend final : public DeviceBackend {
     return result;
   }
 
-  static std::shared_ptr<Work> completed(const char* opName, std::shared_ptr<void> keepAlive, int source) {
-    auto work = std::make_shared<Work>(opName, std::move(keepAlive));
-    work->setSourceRank(source);
-    work->finish();
+  // What an isend keeps alive: its host copy and the caller's keep-alive.
+  struct KeptAlive {
+    std::shared_ptr<HostCopy> copy;
+    std::shared_ptr<void> caller;
+  };
+
+  // Runs `operation` now. Synchronous: its errors are thrown. Asynchronous: a completed
+  // Work, holding its error if it failed (DeviceBackend's contract).
+  template <typename Operation>
+  static std::shared_ptr<Work> run(const char* opName, const Submission& submission, Operation&& operation) {
+    if (!submission.async) {
+      operation();
+      return nullptr;
+    }
+    auto work = std::make_shared<Work>(opName, submission.keepAlive);
+    std::exception_ptr error;
+    try {
+      operation();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->finish(error);
     return work;
   }
 

@@ -4,6 +4,7 @@
 #include <ringtree/buffer.h>
 #include <ringtree/collectives.h>
 #include <ringtree/communicator.h>
+#include <ringtree/cuda.h>
 #include <ringtree/device_backend.h>
 #include <ringtree/error.h>
 #include <ringtree/export.h>
