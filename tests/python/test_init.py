@@ -374,3 +374,27 @@ def test_get_node_local_rank(monkeypatch):
     assert ringtree.get_node_local_rank() == 1
     assert os.environ["LOCAL_RANK"] == "1"
 
+
+
+def test_a_group_that_serves_only_cuda_refuses_host_tensors():
+    """What a group made with backend="nccl" does with host buffers, as torch's NCCL
+    groups: tensors and arrays on the CPU are refused; the object collectives' bytes pass."""
+    import numpy as np
+    import torch
+    from array import array
+
+    from ringtree.process_group import _CudaOnlyEngine
+
+    ringtree.init_process_group("gloo", store=ringtree.HashStore(), rank=0, world_size=1)
+    try:
+        engine = _CudaOnlyEngine(ringtree.group.WORLD.engine)
+        for host in (torch.ones(2), np.ones(2, dtype=np.float32)):
+            with pytest.raises(ValueError, match="No backend type associated with device type cpu"):
+                engine.allreduce(host, 0, False)
+            with pytest.raises(ValueError, match="device type cpu"):
+                engine.batch_isend_irecv([(True, host, 0, 0)])
+        sizes = array("q", [7])
+        engine.broadcast(sizes, 0, False)
+        assert sizes.tolist() == [7] and engine.rank == 0
+    finally:
+        ringtree.destroy_process_group()

@@ -15,7 +15,7 @@ from . import _C
 from ._C import ProcessGroup as _NativeProcessGroup
 from ._resolve import resolve
 from .errors import DistBackendError
-from .process_group import ProcessGroup
+from .process_group import ProcessGroup, native_engine
 
 __all__ = ["dump_flight_recorder"]
 
@@ -39,7 +39,7 @@ def dump_flight_recorder(
     engine.
     """
     pg = resolve(group)
-    engine = pg.engine
+    engine = native_engine(pg.engine)
     if not isinstance(engine, _NativeProcessGroup):
         raise DistBackendError(f"group {pg.group_name!r} has no flight recorder: it has no CPU collective engine")
     document = _C._flight_record_json(engine.communicator, "dump_flight_recorder")

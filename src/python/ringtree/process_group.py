@@ -189,6 +189,46 @@ ProcessGroup.engine = ProcessGroup._engine  # type: ignore[misc]
 ProcessGroup.p2p = ProcessGroup._p2p  # type: ignore[misc]
 
 
+class _CudaOnlyEngine:
+    """The native engine of a group whose backend serves CUDA buffers only ("nccl"): a call
+    given a host tensor or array (its ``__dlpack_device__`` says CPU) raises ValueError
+    with torch's words, as torch's NCCL groups do. Host memory without DLPack (the bytes
+    of the object collectives) still passes: those travel through host memory by design.
+    ``native`` is the engine itself."""
+
+    __slots__ = ("native",)
+
+    def __init__(self, native: _NativeProcessGroup) -> None:
+        self.native = native
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.native, name)
+        if not callable(attribute):
+            return attribute
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            _refuse_host_tensors(args)
+            _refuse_host_tensors(tuple(kwargs.values()))
+            return attribute(*args, **kwargs)
+
+        return checked
+
+
+def _refuse_host_tensors(values: tuple | list) -> None:
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            _refuse_host_tensors(value)
+            continue
+        device = getattr(value, "__dlpack_device__", None)
+        if device is not None and device()[0] == 1:  # kDLCPU
+            raise ValueError("No backend type associated with device type cpu")
+
+
+def native_engine(engine: Any) -> Any:
+    """The native engine behind ``engine`` (itself, or a _CudaOnlyEngine's)."""
+    return engine.native if isinstance(engine, _CudaOnlyEngine) else engine
+
+
 class _NoEngine:
     """Stands in for the native engine of a group that has none (or no longer has one):
     every collective raises DistBackendError saying why."""
@@ -215,7 +255,7 @@ def _start_engine(pg: ProcessGroup) -> None:
     none (it returns at once). Collectives and point-to-point messages travel on separate
     channels."""
     parent = world.default_pg
-    parent_engine = None if parent is None else parent._engine
+    parent_engine = None if parent is None else native_engine(parent._engine)
     if isinstance(parent_engine, _NativeProcessGroup):
         engine = _NativeProcessGroup.create_over(parent_engine, list(pg.ranks), pg.group_name, pg.store, pg.timeout)
     else:
@@ -223,7 +263,8 @@ def _start_engine(pg: ProcessGroup) -> None:
     # Flight-record dumps name the rank by its global rank; the group created first (by
     # init_process_group) is the world.
     _C._set_identity(engine.communicator, pg.group_name, pg.ranks[pg.rank()], world.default_pg is None)
-    pg._engine = pg._p2p = engine
+    # A group of one device's backend ("nccl") serves that device only, as torch's.
+    pg._engine = pg._p2p = engine if "cpu" in pg._backend_config.device_backend_map else _CudaOnlyEngine(engine)
 
 
 def _start_mpi_engine(pg: ProcessGroup) -> None:
@@ -237,7 +278,7 @@ def _start_mpi_engine(pg: ProcessGroup) -> None:
 def _stop_engine(pg: ProcessGroup) -> None:
     """Runs the group's queued collectives to completion and stops its engine (pending
     point-to-point operations fail)."""
-    engine = pg._engine
+    engine = native_engine(pg._engine)
     pg._engine = pg._p2p = _NoEngine(f"group {pg.group_name!r} has been destroyed")
     if not isinstance(engine, _NoEngine):
         engine.shutdown()
