@@ -506,7 +506,11 @@ def _create_group(
         if plugin.extended_api:
             raise ValueError(f"backend {backend_name!r} was registered with extended_api=True, which ringtree does not support")
         pg._plugin_backends[device] = plugin.creator_fn(device_store, group_rank, pg.size(), timeout)
-    if device_backends.get("cpu") == Backend.GLOO:
+    # ringtree's engine serves gloo's CPU buffers and nccl's CUDA ones (an "nccl"-only
+    # group's engine refuses host tensors: see _start_engine).
+    if device_backends.get("cpu") == Backend.GLOO or (
+        "cpu" not in device_backends and device_backends.get("cuda") == Backend.NCCL
+    ):
         _start_engine(pg)
     elif device_backends.get("cpu") == Backend.MPI:
         _start_mpi_engine(pg)

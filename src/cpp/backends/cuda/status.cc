@@ -1,5 +1,6 @@
 #include <ringtree/cuda.h>
 
+#include <cmath>
 #include <exception>
 #include <string>
 
@@ -56,6 +57,12 @@ void cudaReduce(void* inout, const void* in, size_t count, DataType type, Reduce
 
 void cudaScale(void* data, size_t count, DataType type, double factor, void* stream) {
   if (type == DataType::kBool) throw InvalidArgument("cudaScale: bool cannot be scaled");
+  const bool integer = type == DataType::kInt8 || type == DataType::kUInt8 || type == DataType::kInt16 ||
+                       type == DataType::kInt32 || type == DataType::kInt64;
+  if (integer && !std::isfinite(factor)) {
+    throw InvalidArgument(std::string("cudaScale: scaling ") + dataTypeName(type) + " needs a finite factor, got " +
+                          std::to_string(factor));
+  }
   const RingtreeGpuApi& gpu = cuda::loadGpuRuntime();
   checkKernel("cudaScale", gpu.scale(data, count, static_cast<int>(type), factor, stream), gpu);
 }
