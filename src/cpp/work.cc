@@ -18,6 +18,7 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const bool limited = timeout.count() > 0;
   const Clock::time_point deadline = limited ? Clock::now() + timeout : Clock::time_point::max();
+  if (streamWait_ && !isCompleted() && streamWait_()) return true;
   if (progressDriver_ && !isCompleted()) progressDriver_(deadline);
   std::unique_lock<std::mutex> lock(mutex_);
   auto done = [this] { return completed_; };
@@ -34,6 +35,8 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 }
 
 void Work::setProgressDriver(ProgressDriver driver) { progressDriver_ = std::move(driver); }
+
+void Work::setStreamWait(StreamWait streamWait) { streamWait_ = std::move(streamWait); }
 
 bool Work::isCompleted() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -136,6 +136,13 @@ void expectSameAsCpu(ProcessGroup& group, int device, const std::vector<Spec>& s
   }
 }
 
+// Blocks until `work` completed on the device (Work::wait() of a CUDA operation only
+// orders the caller's stream after it), then rethrows its error.
+void waitUntilCompleted(const std::shared_ptr<Work>& work) {
+  ASSERT_TRUE(test::eventually([&] { return work->isCompleted(); }, std::chrono::seconds(30)));
+  if (work->exception()) std::rethrow_exception(work->exception());
+}
+
 // Small values, distinct by rank and index; products of a few of them stay exact.
 double valueAt(int rank, size_t i) { return static_cast<double>((rank + 1) * static_cast<int>(i % 3 + 1) % 5) - 1; }
 
@@ -463,6 +470,19 @@ TEST_F(NcclBackendTest, OperationsRunAfterTheCallersStreamAndBeforeWhatFollowsOn
     release = true;
     ASSERT_EQ(gpu.streamSynchronize(callerStream), 0);
     EXPECT_EQ(seen[3], 3.0f);  // 1 + 2: the producers' values, reduced
+
+    // Asynchronous: wait() orders the caller's stream after the operation, without
+    // waiting on the host for it (the producer still holds the stream).
+    release = false;
+    fake::enqueueHostFunction(callerStream, [&] { test::waitForFlag(release); });
+    const std::shared_ptr<Work> work = group->allreduceAsync(onDevice(buffer, 4, rank));
+    EXPECT_TRUE(work->wait());
+    EXPECT_FALSE(work->isCompleted());
+    fake::enqueueHostFunction(callerStream, [&] { std::memcpy(seen, buffer.data(), sizeof(seen)); });
+    release = true;
+    ASSERT_EQ(gpu.streamSynchronize(callerStream), 0);
+    EXPECT_EQ(seen[3], 6.0f);  // 3 + 3
+    waitUntilCompleted(work);
     setCurrentStream(Device{DeviceType::kCuda, rank}, nullptr);
     group->shutdown();
     gpu.streamDestroy(callerStream);
@@ -480,7 +500,8 @@ TEST_F(NcclBackendTest, AnAsynchronousNcclErrorFailsTheOperationAndEveryLaterOne
       const auto start = std::chrono::steady_clock::now();
       // The watchdog may see the error before the call (which then throws) or after (its
       // Work fails).
-      const std::string message = messageOf<Error>([&] { group->allreduceAsync(onDevice(buffer, 4, rank))->wait(); });
+      const std::string message =
+          messageOf<Error>([&] { waitUntilCompleted(group->allreduceAsync(onDevice(buffer, 4, rank))); });
       EXPECT_LT(test::elapsedSince(start), test::kPrompt);
       EXPECT_TRUE(test::contains(message, "all_reduce on cuda:1")) << message;
       EXPECT_TRUE(test::contains(message, "rank 1 of 2")) << message;
@@ -502,7 +523,9 @@ TEST_F(NcclBackendTest, AnOperationPastTheTimeoutAbortsTheCommunicator) {
     fake::hangNextCollective(rank);
     const auto start = std::chrono::steady_clock::now();
     const std::shared_ptr<Work> work = group->allreduceAsync(onDevice(buffer, 4, rank));
-    const std::string message = messageOf<TimeoutError>([&] { work->wait(); });
+    EXPECT_TRUE(work->wait());  // the caller's stream now waits for it; the host does not
+    EXPECT_LT(test::elapsedSince(start), kTimeout);
+    const std::string message = messageOf<TimeoutError>([&] { waitUntilCompleted(work); });
     EXPECT_GE(test::elapsedSince(start), kTimeout);
     EXPECT_LT(test::elapsedSince(start), kTimeout + test::kLateBy);
     EXPECT_TRUE(test::contains(message, "all_reduce on cuda:" + std::to_string(rank))) << message;
@@ -526,7 +549,7 @@ TEST_F(NcclBackendTest, ACallsOwnTimeoutIsHonoured) {
     options.timeout = kTimeout;
     const auto start = std::chrono::steady_clock::now();
     const std::shared_ptr<Work> work = group->allreduceAsync(onDevice(buffer, 4, rank), options);
-    const std::string message = messageOf<TimeoutError>([&] { work->wait(); });
+    const std::string message = messageOf<TimeoutError>([&] { waitUntilCompleted(work); });
     EXPECT_GE(test::elapsedSince(start), kTimeout);
     EXPECT_LT(test::elapsedSince(start), kTimeout + test::kLateBy);
     EXPECT_TRUE(test::contains(message, "did not finish within its timeout of 500 ms")) << message;

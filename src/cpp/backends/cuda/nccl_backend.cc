@@ -123,6 +123,9 @@ struct Pending {
   std::chrono::milliseconds timeout{0};  // what the deadline came from
   const char* opName = nullptr;
   std::shared_ptr<Work> work;     // null for a synchronous call
+  // Non-null when `event` is the Work's own (its stream wait needs it for as long as the
+  // Work lives): then it is never recycled nor destroyed here, only let go.
+  std::shared_ptr<void> ownedEvent;
 };
 
 class NcclBackend final : public DeviceBackend {
@@ -487,19 +490,35 @@ class NcclBackend final : public DeviceBackend {
     // of the header for what synchronous and asynchronous calls return.
     std::shared_ptr<Work> finish(const Submission& submission) {
       enqueued_ = true;  // from here every failure leaves an untracked operation behind
+      if (submission.async) return finishAsync(submission);
       void* done = backend_.takeEvent();
       const int recorded = backend_.gpu_.eventRecord(done, backend_.stream_);
       if (recorded != 0) backend_.recycle(done);
       cuda("recording its end", recorded);
-      std::shared_ptr<Work> work;
-      if (submission.async) {
-        work = std::make_shared<Work>(opName_, submission.keepAlive);
-      } else {
-        backend_.track(done, opName_, nullptr, timeout_);
-        cuda("ordering the caller's stream after it", backend_.gpu_.streamWaitEvent(callerStream_, done));
-        return nullptr;
-      }
-      backend_.track(done, opName_, work, timeout_);
+      backend_.track(done, opName_, nullptr, timeout_);
+      cuda("ordering the caller's stream after it", backend_.gpu_.streamWaitEvent(callerStream_, done));
+      return nullptr;
+    }
+
+    // The asynchronous end: the Work's own event, which its stream wait (Work::wait())
+    // makes the waiting thread's current stream wait for.
+    std::shared_ptr<Work> finishAsync(const Submission& submission) {
+      const RingtreeGpuApi* gpu = &backend_.gpu_;
+      void* raw = nullptr;
+      cuda("creating an event", gpu->eventCreate(&raw));
+      std::shared_ptr<void> event(raw, [gpu](void* created) { gpu->eventDestroy(created); });
+      cuda("recording its end", gpu->eventRecord(raw, backend_.stream_));
+      auto work = std::make_shared<Work>(opName_, submission.keepAlive);
+      const Device device = backend_.device_;
+      work->setStreamWait([gpu, event, device] {
+        int previous = -1;
+        if (gpu->getDevice(&previous) != 0) previous = -1;
+        if (previous != device.index) gpu->setDevice(device.index);
+        const bool ordered = gpu->streamWaitEvent(currentStream(device), event.get()) == 0;
+        if (previous >= 0 && previous != device.index) gpu->setDevice(previous);
+        return ordered;
+      });
+      backend_.track(raw, opName_, work, timeout_, std::move(event));
       return work;
     }
 
@@ -800,12 +819,14 @@ class NcclBackend final : public DeviceBackend {
 
   // Hands an enqueued operation to the watchdog, with its deadline. After a failure the
   // operation fails at once (the communicator is aborted).
-  void track(void* event, const char* opName, std::shared_ptr<Work> work, std::chrono::milliseconds timeout) {
+  void track(void* event, const char* opName, std::shared_ptr<Work> work, std::chrono::milliseconds timeout,
+             std::shared_ptr<void> ownedEvent = nullptr) {
     std::exception_ptr failed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failure_ && !closed_) {
-        pending_.push_back(Pending{event, Clock::now() + timeout, timeout, opName, std::move(work)});
+        pending_.push_back(
+            Pending{event, Clock::now() + timeout, timeout, opName, std::move(work), std::move(ownedEvent)});
         if (pending_.size() == 1) wake_.notify_one();
         return;
       }
@@ -813,7 +834,7 @@ class NcclBackend final : public DeviceBackend {
                         : std::make_exception_ptr(Error(where(opName) + ": the group's NCCL communicator has been " +
                                                         closedHow_));
     }
-    gpu_.eventDestroy(event);
+    if (!ownedEvent) gpu_.eventDestroy(event);
     if (work) work->finish(failed);
   }
 
@@ -897,7 +918,9 @@ class NcclBackend final : public DeviceBackend {
             where(expired.c_str()) + " did not finish within its timeout of " + std::to_string(expiredTimeout.count()) +
             " ms (" + std::to_string(late.count()) + " ms ago); the communicator was aborted"));
       }
-      for (Pending& entry : finished) freeEvents_.push_back(entry.event);
+      for (Pending& entry : finished) {
+        if (!entry.ownedEvent) freeEvents_.push_back(entry.event);
+      }
       if (failure_) {
         lock.unlock();
         completeAll(finished, nullptr);
@@ -938,7 +961,9 @@ class NcclBackend final : public DeviceBackend {
       }
       drained_.notify_all();
     }
-    for (Pending& entry : failed) gpu_.eventDestroy(entry.event);
+    for (Pending& entry : failed) {
+      if (!entry.ownedEvent) gpu_.eventDestroy(entry.event);
+    }
     completeAll(failed, recorded);
   }
 
@@ -979,7 +1004,9 @@ class NcclBackend final : public DeviceBackend {
         left.empty() ? nullptr
                      : std::make_exception_ptr(Error(where(left.front().opName) + ": the group was " + how +
                                                      " before the operation finished"));
-    for (Pending& entry : left) gpu_.eventDestroy(entry.event);
+    for (Pending& entry : left) {
+      if (!entry.ownedEvent) gpu_.eventDestroy(entry.event);
+    }
     completeAll(left, error);
     release();
   }

@@ -45,7 +45,11 @@ class RINGTREE_API Work {
   Work& operator=(const Work&) = delete;
 
   // Blocks until the operation finished, or until `timeout` passed (zero: no limit),
-  // driving it through the progress driver first when one was set.
+  // driving it through the progress driver first when one was set. An operation of a
+  // device stream with a stream wait (setStreamWait) that is still running is not waited
+  // for on the host: the waiting thread's current stream is made to wait for it, and
+  // wait() returns true at once (torch's NCCL semantics); its error, if it fails, reaches
+  // the Work (exception(), callbacks) and later calls.
   // Returns true once the operation finished successfully; rethrows the operation's
   // exception (the same object on every call) when it failed. Throws TimeoutError when
   // the timeout passes first: the operation itself keeps running, and a later wait()
@@ -84,6 +88,14 @@ class RINGTREE_API Work {
   // Work, before any other thread can see it; at most once.
   void setProgressDriver(ProgressDriver driver);
 
+  // For an operation that runs on a device stream: makes the calling thread's current
+  // stream of the device wait for the operation, and returns true; false when it could
+  // not (wait() then blocks the host as usual). Must not throw.
+  using StreamWait = std::function<bool()>;
+  // Sets it (see wait()). For whoever creates the Work, before any other thread can see
+  // it; at most once.
+  void setStreamWait(StreamWait streamWait);
+
   // Completes the Work: releases the keep-alive, records `error` (null: success), wakes
   // every waiter, then runs the callbacks. For the code that runs the operation; must be
   // called exactly once (a second call throws InvalidArgument).
@@ -107,6 +119,7 @@ class RINGTREE_API Work {
   std::shared_ptr<void> attachment_;
   std::vector<Callback> callbacks_;
   ProgressDriver progressDriver_;  // immutable once the Work is shared
+  StreamWait streamWait_;          // immutable once the Work is shared
 };
 
 }  // namespace ringtree
