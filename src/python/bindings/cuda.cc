@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include <ringtree/cuda.h>
+#include <ringtree/device_backend.h>
 #include <ringtree/types.h>
 
 namespace py = pybind11;
@@ -42,6 +43,14 @@ void initCuda(py::module_& m) {
         return result;
       },
       "Whether a usable NCCL is there, its version code and file (loads it once).");
+  m.def(
+      "_set_current_stream",
+      [](int device, uintptr_t stream) {
+        setCurrentStream(Device{DeviceType::kCuda, device}, reinterpret_cast<void*>(stream));
+      },
+      py::arg("device"), py::arg("stream"),
+      "Makes `stream` (a cudaStream_t) this thread's current stream of CUDA device `device` for ringtree "
+      "(what a Work.wait() then orders after the operation).");
   // The kernels on raw device pointers (tests and benchmarks pass tensor.data_ptr()).
   m.def(
       "_cuda_reduce",

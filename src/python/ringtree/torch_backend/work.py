@@ -51,9 +51,12 @@ class RingtreeWork(dist.Work):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """Blocks until the operation finished (``timeout``: 0 = no limit); True on
         success. Raises the operation's error, or DistTimeoutError when the timeout passes
-        first (the operation keeps running)."""
+        first (the operation keeps running). On CUDA tensors, as torch's NCCL backend:
+        makes the current stream wait for the operation and returns at once."""
         if self._native is None:
             return True
+        if self._outputs and self._outputs[0].is_cuda:
+            self._order_current_stream()
         try:
             return self._native.wait(timeout)
         except Exception as error:  # noqa: BLE001 - re-raised as torch's class
@@ -85,7 +88,19 @@ class RingtreeWork(dist.Work):
         return self._outputs
 
     def synchronize(self) -> None:
-        """Nothing to order on a CPU stream: the data is in place once the work completed."""
+        """CUDA tensors: makes the current stream wait for the operation. CPU tensors:
+        nothing to order (the data is in place once the work completed)."""
+        if self._native is not None and self._outputs and self._outputs[0].is_cuda:
+            self._order_current_stream()
+            self._native.wait(timedelta(0))
+
+    def _order_current_stream(self) -> None:
+        """Tells ringtree the caller's current stream of the outputs' device (what the
+        native wait orders after the operation)."""
+        from .. import _C
+
+        device = self._outputs[0].device
+        _C._set_current_stream(device.index, torch.cuda.current_stream(device).cuda_stream)
 
     def get_future(self) -> Future:
         """A torch Future whose value is the list of output tensors, completed by the
