@@ -4,7 +4,6 @@
 #include <limits.h>
 #include <link.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,6 +12,7 @@
 
 #include <ringtree/error.h>
 
+#include "backends/cuda/library_files.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -21,47 +21,10 @@ namespace {
 
 constexpr const char* kGpuLibrary = "libringtree_cuda.so";
 
-bool startsWith(const std::string& text, const std::string& prefix) {
-  return text.compare(0, prefix.size(), prefix) == 0;
-}
-
-bool pathExists(const std::string& path) {
-  struct stat info {};
-  return stat(path.c_str(), &info) == 0;
-}
-
-std::string joinPath(const std::string& folder, const std::string& name) {
-  if (!folder.empty() && folder.back() == '/') return folder + name;
-  return folder + "/" + name;
-}
-
-// The folder of `file` ("/" for a file directly under the root, "." for a bare name).
-std::string folderOf(const std::string& file) {
-  const size_t slash = file.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return file.substr(0, slash);
-}
-
 std::string absolutePath(const std::string& path) {
   if (startsWith(path, "/")) return path;
   char resolved[PATH_MAX];
   return realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
-}
-
-std::string dlerrorText() {
-  const char* text = dlerror();
-  return text == nullptr ? "unknown dlopen error" : text;
-}
-
-// The file `handle` was loaded from, or `fallback` when the dynamic loader does not say.
-std::string fileOf(void* handle, const std::string& fallback) {
-  link_map* map = nullptr;
-  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return fallback;
 }
 
 // Opens `candidate`; null when it is not there. When it is there but does not load (a
@@ -77,11 +40,6 @@ void* openCandidate(const std::string& candidate, std::string* failure) {
     if (isPath || !startsWith(error, candidate + ": cannot open shared object file")) *failure = error;
   }
   return handle;
-}
-
-// "<candidate>: <dlerror text>", without naming the candidate twice when the text does.
-std::string loadFailure(const std::string& candidate, const std::string& error) {
-  return startsWith(error, candidate + ":") ? error : candidate + ": " + error;
 }
 
 // "<text> (CUDA error <code>)" through the library's own errorString.

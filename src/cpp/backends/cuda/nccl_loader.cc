@@ -1,8 +1,6 @@
 #include "backends/cuda/nccl_loader.h"
 
 #include <dlfcn.h>
-#include <link.h>
-#include <sys/stat.h>
 
 #include <exception>
 #include <utility>
@@ -10,6 +8,7 @@
 #include <ringtree/error.h>
 
 #include "backends/cuda/gpu_runtime.h"
+#include "backends/cuda/library_files.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -21,55 +20,12 @@ constexpr const char* kNcclLibrary = "libnccl.so.2";
 constexpr const char* kLoadedPrefix = "loaded:";
 constexpr const char* kInstallHint = "install nvidia-nccl-cu13 (or -cu12) or set RINGTREE_NCCL_PATH";
 
-bool startsWith(const std::string& text, const std::string& prefix) {
-  return text.compare(0, prefix.size(), prefix) == 0;
-}
-
-bool isDirectory(const std::string& path) {
-  struct stat info {};
-  return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
-}
-
-bool pathExists(const std::string& path) {
-  struct stat info {};
-  return stat(path.c_str(), &info) == 0;
-}
-
-// `folder`/`name`, with one slash between them.
-std::string joinPath(const std::string& folder, const std::string& name) {
-  if (!folder.empty() && folder.back() == '/') return folder + name;
-  return folder + "/" + name;
-}
-
-// The folder holding `folder` ("/" for a folder directly under the root).
-std::string parentFolder(const std::string& folder) {
-  const size_t slash = folder.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return folder.substr(0, slash);
-}
-
-std::string dlerrorText() {
-  const char* text = dlerror();
-  return text == nullptr ? "unknown dlopen error" : text;
-}
-
 // A library opened from one candidate, and how messages name it.
 struct OpenedLibrary {
   void* handle = nullptr;
   std::string path;         // the file (what NcclApi::path holds)
   std::string description;  // the file, and whether this process had loaded it already
 };
-
-// The file `handle` was loaded from, or `fallback` when the dynamic loader does not say.
-std::string fileOf(void* handle, const std::string& fallback) {
-  link_map* map = nullptr;
-  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return fallback;
-}
 
 // Opens `candidate`; an empty handle when it is not there. When it is there but does not
 // load (not a library, a dependency missing), *failure gets dlerror()'s text.
@@ -98,11 +54,6 @@ OpenedLibrary openCandidate(const std::string& candidate, std::string* failure) 
   opened.path = isPath ? candidate : fileOf(opened.handle, candidate);
   opened.description = opened.path;
   return opened;
-}
-
-// "<candidate>: <dlerror text>", without naming the candidate twice when the text does.
-std::string loadFailure(const std::string& candidate, const std::string& error) {
-  return startsWith(error, candidate + ":") ? error : candidate + ": " + error;
 }
 
 template <typename Function>
@@ -182,7 +133,7 @@ std::string ncclVersionString(int code) {
 std::vector<std::string> ncclCandidates() {
   std::vector<std::string> candidates;
   candidates.push_back(std::string(kLoadedPrefix) + kNcclLibrary);
-  const std::string sitePackages = parentFolder(coreLibraryFolder());
+  const std::string sitePackages = folderOf(coreLibraryFolder());
   candidates.push_back(joinPath(sitePackages, std::string("nvidia/nccl/lib/") + kNcclLibrary));
   candidates.push_back(joinPath(sitePackages, std::string("nvidia/cu13/lib/") + kNcclLibrary));
   const std::string configured = env::ncclPath();
