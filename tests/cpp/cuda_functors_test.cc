@@ -26,20 +26,15 @@
 #include <ringtree/types.h>
 
 #include "algorithms/reduce_ops.h"
+#include "harness/reduction_table.h"
 #include "reduce_kernels.cuh"
 
 namespace ringtree::gpu {
 namespace {
 
-constexpr DataType kAllTypes[] = {
-    DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,   DataType::kFloat64,
-    DataType::kInt8,    DataType::kUInt8,    DataType::kInt16,     DataType::kInt32,
-    DataType::kInt64,   DataType::kBool,     DataType::kComplex64, DataType::kComplex128,
-};
-constexpr ReduceOp kAllOps[] = {
-    ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,       ReduceOp::kMax,
-    ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor,    ReduceOp::kPremulSum,
-};
+using test::kAllOps;
+using test::kAllTypes;
+using test::isNanLane;
 
 std::string describe(DataType type, ReduceOp op) {
   return std::string(dataTypeName(type)) + " " + reduceOpName(op);
@@ -304,35 +299,6 @@ class Values {
 };
 
 // --- Comparison ------------------------------------------------------------------------
-
-bool isNanLane(DataType type, const unsigned char* lane) {
-  switch (type) {
-    case DataType::kFloat16: {
-      uint16_t bits;
-      std::memcpy(&bits, lane, 2);
-      return (bits & 0x7FFFu) > 0x7C00u;
-    }
-    case DataType::kBFloat16: {
-      uint16_t bits;
-      std::memcpy(&bits, lane, 2);
-      return (bits & 0x7FFFu) > 0x7F80u;
-    }
-    case DataType::kFloat32:
-    case DataType::kComplex64: {
-      float v;
-      std::memcpy(&v, lane, 4);
-      return std::isnan(v);
-    }
-    case DataType::kFloat64:
-    case DataType::kComplex128: {
-      double v;
-      std::memcpy(&v, lane, 8);
-      return std::isnan(v);
-    }
-    default:
-      return false;
-  }
-}
 
 std::string hexLane(const unsigned char* lane, size_t size) {
   std::ostringstream out;

@@ -20,19 +20,13 @@
 #include <ringtree/types.h>
 
 #include "algorithms/reduce_ops.h"
+#include "harness/reduction_table.h"
 
 namespace ringtree::algorithms {
 namespace {
 
-constexpr DataType kAllTypes[] = {
-    DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,   DataType::kFloat64,
-    DataType::kInt8,    DataType::kUInt8,    DataType::kInt16,     DataType::kInt32,
-    DataType::kInt64,   DataType::kBool,     DataType::kComplex64, DataType::kComplex128,
-};
-constexpr ReduceOp kAllOps[] = {
-    ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,       ReduceOp::kMax,
-    ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor,    ReduceOp::kPremulSum,
-};
+using test::kAllOps;
+using test::kAllTypes;
 constexpr size_t kCounts[] = {0, 1, 7, 15, 16, 17, 63, 64, 65, 1023, 4097};
 constexpr size_t kGuardBytes = 64;
 constexpr uint8_t kGuardByte = 0xA5;

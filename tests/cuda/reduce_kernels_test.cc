@@ -25,6 +25,7 @@
 #include <ringtree/types.h>
 
 #include "algorithms/reduce_ops.h"
+#include "harness/reduction_table.h"
 #include "backends/cuda/gpu_api.h"
 
 extern "C" const RingtreeGpuApi* ringtree_gpu_api(uint32_t version);
@@ -34,15 +35,9 @@ namespace {
 
 constexpr int kInvalidValue = 1;  // cudaErrorInvalidValue
 
-constexpr DataType kAllTypes[] = {
-    DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,   DataType::kFloat64,
-    DataType::kInt8,    DataType::kUInt8,    DataType::kInt16,     DataType::kInt32,
-    DataType::kInt64,   DataType::kBool,     DataType::kComplex64, DataType::kComplex128,
-};
-constexpr ReduceOp kAllOps[] = {
-    ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,       ReduceOp::kMax,
-    ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor,    ReduceOp::kPremulSum,
-};
+using test::kAllOps;
+using test::kAllTypes;
+using test::isNanLane;
 constexpr size_t kCounts[] = {0, 1, 7, 16, 1000, (size_t{1} << 20) + 3};
 // Element offsets of (inout, in) from a 16-byte-aligned allocation: both aligned, both
 // equally misaligned (vector body with a scalar head), and differently misaligned.
@@ -59,32 +54,6 @@ const RingtreeGpuApi* api() { return ringtree_gpu_api(RINGTREE_GPU_API_VERSION);
 bool isComplexType(DataType type) { return type == DataType::kComplex64 || type == DataType::kComplex128; }
 
 size_t laneBytes(DataType type) { return isComplexType(type) ? elementSize(type) / 2 : elementSize(type); }
-
-bool isNanLane(DataType type, const unsigned char* lane) {
-  switch (type) {
-    case DataType::kFloat16:
-    case DataType::kBFloat16: {
-      uint16_t bits;
-      std::memcpy(&bits, lane, 2);
-      const uint16_t inf = type == DataType::kFloat16 ? 0x7C00 : 0x7F80;
-      return (bits & 0x7FFF) > inf;
-    }
-    case DataType::kFloat32:
-    case DataType::kComplex64: {
-      float v;
-      std::memcpy(&v, lane, 4);
-      return std::isnan(v);
-    }
-    case DataType::kFloat64:
-    case DataType::kComplex128: {
-      double v;
-      std::memcpy(&v, lane, 8);
-      return std::isnan(v);
-    }
-    default:
-      return false;
-  }
-}
 
 // Equal lane by lane, or NaN on both sides.
 ::testing::AssertionResult sameLanes(DataType type, const unsigned char* got, const unsigned char* want,
