@@ -106,6 +106,7 @@ struct NodeArena::ControlBlock {
   alignas(128) std::atomic<int64_t> startNs;
   std::atomic<uint64_t> finished;  // sequence << 1 | failed, of the last call finished
   std::atomic<int64_t> finishedNs;
+  std::atomic<uint32_t> departed;  // 1 once the rank's NodeArena is destroyed
   // Fingerprints of the last kHistory calls, at sequence % kHistory (see storeFingerprint).
   alignas(128) std::atomic<uint64_t> history[kHistory][4];
 };
@@ -121,7 +122,7 @@ NodeArena::NodeArena(Segment segment, int rank, int size, size_t slotBytes, size
       pageWritten_(slotBytes / kPieceAlignment),
       pageStep_(slotBytes / kPieceAlignment) {}
 
-NodeArena::~NodeArena() = default;
+NodeArena::~NodeArena() { block(rank_).departed.store(1, std::memory_order_release); }
 
 NodeArena::ControlBlock& NodeArena::block(int rank) const {
   static_assert(sizeof(ControlBlock) <= kControlBlockBytes, "control block layout");
@@ -205,6 +206,8 @@ uint32_t NodeArena::publish() {
 }
 
 uint32_t NodeArena::peerStep(int rank) const { return block(rank).step.load(std::memory_order_acquire); }
+
+bool NodeArena::peerDeparted(int rank) const { return block(rank).departed.load(std::memory_order_acquire) != 0; }
 
 void NodeArena::publishCall(const Envelope& envelope, int64_t startNs) {
   ControlBlock& mine = block(rank_);

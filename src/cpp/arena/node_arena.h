@@ -157,6 +157,11 @@ class NodeArena {
   };
   PeerStatus peerStatus(int rank) const;
 
+  // Whether `rank`'s communicator has let go of the arena (destroyed or aborted: its
+  // NodeArena is gone), for waits on a peer that no connection would report (lazy
+  // connections). Set by the destructor.
+  bool peerDeparted(int rank) const;
+
   // Sleeps in FUTEX_WAIT on `rank`'s counter while it still holds `seen`, at most
   // `timeout` (spurious and early returns happen: the caller re-checks).
   void sleepWhile(int rank, uint32_t seen, std::chrono::nanoseconds timeout);

@@ -92,6 +92,8 @@ void ArenaCall::checkWhileWaiting(int peer, uint32_t target, Clock::time_point s
   // Every rank takes part in every call, so a rank that has not published target and
   // is gone fails the call, whichever peer this rank waits for first. All such ranks
   // are named: one that failed because another died may be gone too by now.
+  // A rank whose communicator is gone has departed from the arena, though no connection to
+  // it may exist (lazy connections) to report it.
   // A rank that gave up on a call says why in a notice on its pair before it hangs up
   // (checkIncoming throws it): its cause is reported rather than the messenger.
   std::string gone;
@@ -100,7 +102,7 @@ void ArenaCall::checkWhileWaiting(int peer, uint32_t target, Clock::time_point s
   for (int other = 0; other < size(); ++other) {
     if (other == rank() || NodeArena::reached(arena_.peerStep(other), target)) continue;
     transport::Pair& pair = call_.comm.pair(other);
-    if (pair.hungUp() && !NodeArena::reached(arena_.peerStep(other), target)) {
+    if ((arena_.peerDeparted(other) || pair.hungUp()) && !NodeArena::reached(arena_.peerStep(other), target)) {
       pair.checkIncoming(nullptr);
       gone += (gone.empty() ? "" : " and ") + pair.peerDescription();
       if (goneCount++ == 0) firstGone = other;
