@@ -34,7 +34,7 @@ LAYERS = {
     "arena": (("common", "transport", "transport/shm/segment.h"),
               "the node arena sees the envelope, the shared-memory segment it lives in and common/, no pair"),
     "diagnostics": (("common", "transport", "arena"), "diagnostics see the transport interfaces, the node arena and common/"),
-    "rendezvous": (("common", "transport", "transport/tcp", "transport/shm", "arena"),
+    "rendezvous": (("common", "transport", "transport/tcp", "transport/shm", "transport/mux", "arena"),
                    "rendezvous/ is the one place where store and transports meet"),
     ".": (("common", "transport", "transport/mux", "diagnostics", "rendezvous"),
           "the communicator sees the transport interfaces, diagnostics and rendezvous/, never a concrete transport"),

@@ -337,24 +337,21 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
                           std::to_string(size));
   }
   const rendezvous::ConnectOptions connectOptions = rendezvous::connectOptionsFrom(options);
-  std::shared_ptr<arena::NodeArena> arena;
-  std::vector<int> hostOf;
-  auto connections = rendezvous::connectFullMesh(*store, rank, size, connectOptions,
-                                                 options.pointToPointOnly ? nullptr : &arena, &hostOf);
-  std::vector<std::shared_ptr<transport::mux::Link>> links(static_cast<size_t>(size));
+  rendezvous::Mesh mesh = rendezvous::connectMesh(store, rank, size, connectOptions, !options.pointToPointOnly);
   std::vector<std::unique_ptr<transport::Pair>> pairs(static_cast<size_t>(size));
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    auto link = std::make_shared<transport::mux::Link>(std::move(connections[static_cast<size_t>(peer)]));
-    pairs[static_cast<size_t>(peer)] = link->open(transport::mux::kBaseChannel, rank, peer, link->peerDescription());
-    links[static_cast<size_t>(peer)] = std::move(link);
+    transport::mux::Link& link = *mesh.links[static_cast<size_t>(peer)];
+    pairs[static_cast<size_t>(peer)] = link.open(transport::mux::kBaseChannel, rank, peer, link.peerDescription());
   }
   std::vector<int> identity(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) identity[static_cast<size_t>(r)] = r;
-  auto shared = std::make_shared<detail::Connections>(rank, std::move(links), hostOf);
+  auto shared = std::make_shared<detail::Connections>(rank, std::move(mesh.links), mesh.hostOf,
+                                                      std::move(mesh.connector));
   return std::shared_ptr<Communicator>(new Communicator(makeImpl(rank, size, options, std::move(pairs),
                                                                 std::move(shared), std::move(identity),
-                                                                std::move(arena), store.get(), std::move(hostOf))));
+                                                                std::move(mesh.arena), store.get(),
+                                                                std::move(mesh.hostOf))));
 }
 
 namespace {
@@ -434,9 +431,13 @@ std::shared_ptr<Communicator> Communicator::createOver(const Communicator& base,
   std::shared_ptr<arena::NodeArena> arena;
   std::vector<transport::Pair*> raw;
   bool sharedMemory = renumbered.size() == 1;
-  for (const auto& pair : pairs) {
-    raw.push_back(pair.get());
-    if (pair != nullptr && std::strcmp(pair->kind(), "shm") != 0) sharedMemory = false;
+  for (int peer = 0; peer < size; ++peer) {
+    raw.push_back(pairs[static_cast<size_t>(peer)].get());
+    // The planned kind: the same answer on every member, connected or not yet (lazy).
+    if (peer != rank &&
+        std::strcmp(connections->link(indices[static_cast<size_t>(peer)]).plannedKind(), "shm") != 0) {
+      sharedMemory = false;
+    }
   }
   if (size > 1 && sharedMemory && !options.pointToPointOnly) {
     const bool allowed = rendezvous::connectOptionsFrom(options).arena;

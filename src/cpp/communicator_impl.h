@@ -92,13 +92,18 @@ struct HostLayout {
   static HostLayout of(int rank, std::vector<int> hostOf);
 };
 
-// The connections a rendezvous made (one Link per peer), shared by every communicator
-// over them: the one the rendezvous made, and those made over it (Communicator::createOver),
-// each on channels of its own. Links close when the last communicator over them goes.
+// The connections a rendezvous made (one Link per peer, connected now or when first
+// used), shared by every communicator over them: the one the rendezvous made, and those
+// made over it (Communicator::createOver), each on channels of its own. Links close, and
+// the connector that makes their connections stops, when the last communicator over them
+// goes.
 class Connections {
  public:
-  Connections(int rank, std::vector<std::shared_ptr<transport::mux::Link>> links, std::vector<int> hostOf)
-      : rank_(rank), links_(std::move(links)), hostOf_(std::move(hostOf)) {}
+  Connections(int rank, std::vector<std::shared_ptr<transport::mux::Link>> links, std::vector<int> hostOf,
+              std::shared_ptr<transport::mux::LinkConnector> connector)
+      : rank_(rank), links_(std::move(links)), hostOf_(std::move(hostOf)), connector_(std::move(connector)) {}
+  // The connector first: its threads stop before the links go.
+  ~Connections() { connector_.reset(); }
 
   // This process's index among the connections' ranks (the rendezvous's rank).
   int rank() const { return rank_; }
@@ -120,6 +125,7 @@ class Connections {
   const int rank_;
   const std::vector<std::shared_ptr<transport::mux::Link>> links_;  // null at rank_
   const std::vector<int> hostOf_;
+  std::shared_ptr<transport::mux::LinkConnector> connector_;
   std::mutex mutex_;
   std::map<std::string, int> incarnations_;
 };

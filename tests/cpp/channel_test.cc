@@ -2,12 +2,15 @@
 // transport/mux/link.h), and the transport calls the links rest on (tentative receives,
 // detaching a message from its buffer); over TCP and shared memory, ranks on threads.
 
+#include <sys/socket.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -22,7 +25,9 @@
 #include "communicator_impl.h"
 #include "harness/test_util.h"
 #include "harness/thread_harness.h"
-#include "rendezvous/connect.h"
+#include "common/socket.h"
+#include "transport/shm/device.h"
+#include "transport/tcp/device.h"
 #include "transport/mux/link.h"
 #include "transport/pair.h"
 
@@ -65,18 +70,45 @@ void drive(Pair& pair, std::chrono::milliseconds timeout = 10s) {
 // ---------------------------------------------------------------------------------------
 // The transport calls of a multiplexer, on bare connections.
 
+// The two ends of one connection of `kind` (tcp, shm) between ranks 0 and 1 of this
+// process, made with the transports' own calls (no rendezvous).
+std::vector<std::unique_ptr<Pair>> bareConnection(TransportKind kind) {
+  std::vector<std::unique_ptr<Pair>> ends(2);
+  const net::Deadline deadline = net::deadlineAfter(20s);
+  net::Socket dialed;
+  net::Socket accepted;
+  std::unique_ptr<transport::shm::Listener> shmListener;
+  if (kind == TransportKind::kShm) {
+    shmListener = std::make_unique<transport::shm::Listener>();
+    std::string error;
+    dialed = transport::shm::connect(shmListener->name(), deadline, &error);
+    if (!dialed.valid()) throw NetworkError("shm connect: " + error);
+    accepted = shmListener->accept(deadline);
+    std::thread other([&] {
+      ends[1] = transport::shm::createPair(std::move(accepted), false, 1, 0, "rank 0", {}, deadline);
+    });
+    ends[0] = transport::shm::createPair(std::move(dialed), true, 0, 1, "rank 1", {}, deadline);
+    other.join();
+    return ends;
+  }
+  const net::Socket listener = net::listenTcp("127.0.0.1", 0);
+  std::string error;
+  const auto addresses = net::resolve("127.0.0.1", net::localPort(listener.fd()), &error);
+  if (addresses.empty() || net::connectTo(addresses.front(), deadline, &dialed) != 0) {
+    throw NetworkError("tcp connect failed " + error);
+  }
+  accepted = net::Socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+  ends[0] = transport::tcp::createPair(std::move(dialed), 0, 1, "rank 1", {});
+  ends[1] = transport::tcp::createPair(std::move(accepted), 1, 0, "rank 0", {});
+  return ends;
+}
+
 class ConnectionTest : public ::testing::TestWithParam<TransportKind> {
  protected:
   // body(rank, pair to the other rank) on two threads over bare connections.
   void runPair(const std::function<void(int rank, Pair& pair)>& body) {
-    const std::shared_ptr<Store> store = test::freshStore();
-    rendezvous::ConnectOptions options;
-    options.transport = GetParam();
-    options.timeout = 20s;
-    test::runOnThreads(2, [&](int rank) {
-      auto pairs = rendezvous::connectFullMesh(*store, rank, 2, options);
-      body(rank, *pairs[static_cast<size_t>(1 - rank)]);
-    });
+    std::vector<std::unique_ptr<Pair>> ends = bareConnection(GetParam());
+    test::runOnThreads(2, [&](int rank) { body(rank, *ends[static_cast<size_t>(rank)]); });
   }
 };
 
@@ -209,13 +241,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, ConnectionTest, ::testing::Values(Transport
 
 // body(rank, link to the other rank) on two threads.
 void runLinks(TransportKind kind, const std::function<void(int rank, std::shared_ptr<transport::mux::Link>)>& body) {
-  const std::shared_ptr<Store> store = test::freshStore();
-  rendezvous::ConnectOptions options;
-  options.transport = kind;
-  options.timeout = 20s;
+  std::vector<std::unique_ptr<Pair>> ends = bareConnection(kind);
   test::runOnThreads(2, [&](int rank) {
-    auto pairs = rendezvous::connectFullMesh(*store, rank, 2, options);
-    body(rank, std::make_shared<transport::mux::Link>(std::move(pairs[static_cast<size_t>(1 - rank)])));
+    body(rank, std::make_shared<transport::mux::Link>(std::move(ends[static_cast<size_t>(rank)])));
   });
 }
 

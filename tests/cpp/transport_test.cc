@@ -745,6 +745,7 @@ uint16_t closedPort() {
 }
 
 TEST(Rendezvous, UnreachablePeerIsNamedWithAddressAndInterface) {
+  const ScopedEnv eager("RINGTREE_CONNECT", "eager");  // connection failures fail the rendezvous
   const auto store = test::freshStore();
   const uint16_t port = closedPort();
   publishForeignRecord(*store, 0, 2, "auto", port);
@@ -814,6 +815,7 @@ TEST(Rendezvous, RecordOfAnExitedProcessCountsAsNotYetPublished) {
 }
 
 TEST(Rendezvous, PeerThatDiesAfterPublishingFailsTheRendezvousAtOnce) {
+  const ScopedEnv eager("RINGTREE_CONNECT", "eager");  // connection failures fail the rendezvous
   // The peer's record names a running process (which holds the listener the record
   // names but never answers), killed 300 ms into the rendezvous: rank 1 (connected,
   // waiting for the handshake's answer) and rank 0 (waiting for it to connect) fail
@@ -845,6 +847,7 @@ TEST(Rendezvous, PeerThatDiesAfterPublishingFailsTheRendezvousAtOnce) {
 }
 
 TEST(Rendezvous, RecordOfARunningProcessThatNoLongerListensFailsAtOnce) {
+  const ScopedEnv eager("RINGTREE_CONNECT", "eager");  // connection failures fail the rendezvous
   // Rank 0's record names a process of this host that still runs but listens no more at
   // the published address (a rank of an earlier job that lingers, whose connection phase
   // is long over): rank 1 fails at its first refused connection, naming that process,

@@ -22,6 +22,8 @@ std::string transport() { return getString("RINGTREE_TRANSPORT"); }
 
 std::string shmArena() { return getString("RINGTREE_SHM_ARENA"); }
 
+std::string connectMode() { return getString("RINGTREE_CONNECT"); }
+
 std::string socketIfname() { return getString("RINGTREE_SOCKET_IFNAME"); }
 
 size_t flightRecorderEntries() {

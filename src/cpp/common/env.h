@@ -29,6 +29,11 @@ std::string transport();
 // that disables it disables it for the whole communicator. Default: unset (empty).
 std::string shmArena();
 
+// RINGTREE_CONNECT: auto|eager|lazy, when a communicator connects to its peers: all at
+// creation (eager), each when first needed (lazy), eager up to 16 ranks and lazy above
+// (auto). Default: unset (empty, auto).
+std::string connectMode();
+
 // RINGTREE_SOCKET_IFNAME: network interface whose address TCP connections between ranks
 // use (e.g. "eth0"), when CommunicatorOptions::interface is empty. Default: unset (empty).
 std::string socketIfname();

@@ -7,6 +7,7 @@
 #include <ringtree/error.h>
 
 #include "common/logging.h"
+#include "common/process_identity.h"
 #include "common/socket.h"
 #include "common/text.h"
 #include "transport/shm/unix_socket.h"
@@ -35,6 +36,9 @@ struct ArenaGrant {
   uint64_t slotBytes = 0;
 };
 static_assert(sizeof(ArenaGrant) == 16, "ArenaGrant is part of the wire format");
+
+// ArenaGrant::size of the answer to a request that comes after the arena was handed out.
+constexpr int32_t kLateRequest = -1;
 
 std::string arenaKey(int rank) { return "rt/comm/arena/" + std::to_string(rank); }
 
@@ -81,9 +85,24 @@ std::shared_ptr<arena::NodeArena> grantArena(const ArenaSetup& setup) {
       throw NetworkError("rank 0: " + text::rankList(ranks) + " did not ask for the node arena within " +
                          std::to_string(phase.elapsedMs()) + " ms: " + e.what());
     }
+    // A rank done with its setup may dial this one for its pair already: its handshake
+    // (another magic) is kept for the connector.
+    const net::Deadline helloDeadline = std::min(phase.deadline, Clock::now() + kHelloTimeout);
+    uint32_t magic = 0;
+    net::IoResult io = net::recvAll(socket.fd(), &magic, sizeof(magic), helloDeadline);
+    if (io.ok() && magic == Hello::kMagic) {
+      EarlyHello early{std::move(socket), Hello{}, /*sharedMemory=*/true};
+      io = net::recvAll(early.socket.fd(), reinterpret_cast<uint8_t*>(&early.hello) + sizeof(magic),
+                        sizeof(Hello) - sizeof(magic), helloDeadline);
+      if (io.ok()) setup.early->push_back(std::move(early));
+      continue;
+    }
     ArenaHello hello;
-    const net::IoResult io =
-        net::recvAll(socket.fd(), &hello, sizeof(hello), std::min(phase.deadline, Clock::now() + kHelloTimeout));
+    if (io.ok()) {
+      hello.magic = magic;
+      io = net::recvAll(socket.fd(), reinterpret_cast<uint8_t*>(&hello) + sizeof(magic), sizeof(hello) - sizeof(magic),
+                        helloDeadline);
+    }
     if (!io.ok() || hello.magic != kArenaHelloMagic || hello.nonce != setup.nonce || hello.rank <= 0 ||
         hello.rank >= size || granted[static_cast<size_t>(hello.rank)]) {
       RINGTREE_DEBUG("rank 0: rejecting a node arena request without a valid handshake");
@@ -120,6 +139,13 @@ std::shared_ptr<arena::NodeArena> receiveArena(const ArenaSetup& setup) {
   transport::shm::Ancillary ancillary;
   if (io.ok()) io = transport::shm::recvWithDescriptor(socket.fd(), &grant, sizeof(grant), phase.deadline, &ancillary);
   if (!io.ok()) throw NetworkError(self + ": receiving the node arena from " + peer + " failed: " + io.describe());
+  if (grant.magic == kArenaGrantMagic && grant.size == kLateRequest) {
+    throw NetworkError(self + " cannot join the node arena of rank 0 (host '" + root.process.hostname + "', " +
+                       describeLocalProcess(root.process.pid) + "): that process finished its rendezvous before " +
+                       "this one started, so its record is from an earlier job whose processes linger (a relaunch " +
+                       "on the same MASTER_ADDR:MASTER_PORT or store?). Stop pid " +
+                       std::to_string(root.process.pid) + " or give this job a store of its own");
+  }
   if (grant.magic != kArenaGrantMagic || grant.size != phase.size || !ancillary.descriptor.valid() ||
       ancillary.extraDescriptors != 0) {
     throw NetworkError(self + ": " + peer + " answered the node arena request with something other than one arena of " +
@@ -133,6 +159,14 @@ std::shared_ptr<arena::NodeArena> receiveArena(const ArenaSetup& setup) {
 }
 
 }  // namespace
+
+bool isArenaRequest(uint32_t magic) { return magic == kArenaHelloMagic; }
+
+void refuseLateArenaRequest(net::Socket socket) {
+  const ArenaGrant refusal{kArenaGrantMagic, kLateRequest, 0};
+  const net::IoResult io = net::sendAll(socket.fd(), &refusal, sizeof(refusal), net::deadlineAfter(kHelloTimeout));
+  if (!io.ok()) RINGTREE_DEBUG("answering a late node arena request failed: " << io.describe());
+}
 
 bool arenaPossible(const std::vector<PeerRecord>& records) {
   for (const PeerRecord& r : records) {

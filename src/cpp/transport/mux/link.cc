@@ -70,10 +70,50 @@ ChannelId channelIdOf(const std::string& name) {
 Link::Link(std::unique_ptr<Pair> connection)
     : connection_(std::move(connection)),
       kind_(connection_->kind()),
+      plannedKind_(connection_->kind()),
       peerRank_(connection_->peerRank()),
       peerDescription_(connection_->peerDescription()) {}
 
+Link::Link(int peerRank, std::string peerDescription, const char* kind, std::weak_ptr<LinkConnector> connector)
+    : kind_(kind), plannedKind_(kind), connector_(std::move(connector)), peerRank_(peerRank), peerDescription_(std::move(peerDescription)) {}
+
 Link::~Link() = default;
+
+void Link::needConnection() {
+  if (connection_ != nullptr || connectionRequested_ || failure_ != nullptr) return;
+  connectionRequested_ = true;
+  if (const std::shared_ptr<LinkConnector> connector = connector_.lock()) {
+    connector->requestConnection(peerRank_);
+  } else {
+    connectionFailed(std::make_exception_ptr(PeerError(peerRank_, "no connection to " + peerDescription_ +
+                                                                      " can be made any more: the connections it "
+                                                                      "would be made with were closed")),
+                     false);
+  }
+}
+
+bool Link::attach(std::unique_ptr<Pair> connection) {
+  const std::lock_guard<SpinMutex> lock(mutex_);
+  if (connection_ != nullptr || failure_ != nullptr) return false;
+  kind_.store(connection->kind(), std::memory_order_release);
+  connection_ = std::move(connection);
+  // What waits in the link moves with its channels' next progress; sleepers (on the
+  // eventfd alone until now) wake for it and arm the connection.
+  signalSleepers();
+  return true;
+}
+
+void Link::connectFailed(std::exception_ptr error) {
+  const std::lock_guard<SpinMutex> lock(mutex_);
+  if (connection_ != nullptr || failure_ != nullptr) return;
+  connectionFailed(std::move(error), false);
+  signalSleepers();
+}
+
+bool Link::connected() const {
+  const std::lock_guard<SpinMutex> lock(mutex_);
+  return connection_ != nullptr;
+}
 
 std::unique_ptr<Pair> Link::open(ChannelId id, int selfRank, int peerRank, std::string peerDescription) {
   const std::lock_guard<SpinMutex> lock(mutex_);
@@ -110,7 +150,7 @@ void Link::startSending(Outgoing message) {
 }
 
 bool Link::drive() {
-  if (failure_ != nullptr) return false;
+  if (failure_ != nullptr || connection_ == nullptr) return false;
   bool moved = false;
   try {
     // Passes until nothing moves; the connection is asked for its next message until it
@@ -257,7 +297,8 @@ void Link::finishIncoming() {
 }
 
 void Link::postTentatively(Channel& channel) {
-  if (incoming_ != Incoming::kNone || headLeft_ || failure_ != nullptr || !channel.arrived.empty() ||
+  if (connection_ == nullptr || incoming_ != Incoming::kNone || headLeft_ || failure_ != nullptr ||
+      !channel.arrived.empty() ||
       channel.receives.empty() || channel.failure != nullptr || channel.closed || channel.refused ||
       channel.receives.front().discard) {
     return;
@@ -335,7 +376,7 @@ void Link::abandonConnection(const std::string& why, net::Deadline deadline) {
   if (failure_ != nullptr) return;
   Envelope notice;
   notice.noticeKind = kConnectionAbandoned;
-  connection_->sendNotice(notice, deadline);
+  if (connection_ != nullptr) connection_->sendNotice(notice, deadline);
   connectionFailed(std::make_exception_ptr(NetworkError("the connection to " + peerDescription_ + " was given up: " + why)),
                    false);
 }
@@ -414,7 +455,8 @@ template <typename Done>
 bool Link::driveUntil(std::unique_lock<SpinMutex>& lock, net::Deadline deadline, Done done) {
   auto lastMove = net::Clock::now();
   for (int pass = 0;; ++pass) {
-    if (drive()) lastMove = net::Clock::now();
+    // Waiting for a connection being made (a lazy link's first use) is not a stall.
+    if (drive() || (connection_ == nullptr && connectionRequested_)) lastMove = net::Clock::now();
     if (done()) return true;
     const auto now = net::Clock::now();
     if (failure_ != nullptr || now >= deadline || now - lastMove >= kStallLimit) return false;
@@ -541,7 +583,8 @@ void ChannelPair::postSend(const Envelope& envelope, const void* data, size_t by
     throw InvalidArgument("postSend to " + peerDescription() + ": null buffer of " + std::to_string(bytes) + " bytes");
   }
   Link::Outgoing message{channel_, stamped(envelope), data, bytes, nullptr};
-  if (!link_->sending_ && link_->outgoing_.empty()) {
+  link_->needConnection();
+  if (!link_->sending_ && link_->outgoing_.empty() && link_->connection_ != nullptr) {
     try {
       link_->startSending(std::move(message));  // posting only: progress() moves it
     } catch (...) {
@@ -568,6 +611,7 @@ void ChannelPair::postRecv(const Envelope& expected, void* data, size_t bytes, c
                           " bytes (at most " + std::to_string(Link::kMaxElementBytes) + ")");
   }
   channel_->pushReceive(Link::Receive{stamped(expected), static_cast<uint8_t*>(data), bytes, accumulate});
+  link_->needConnection();
   if (channel_->receives.size() == 1) {
     try {
       link_->postTentatively(*channel_);
@@ -631,7 +675,7 @@ bool ChannelPair::endedCleanly() const noexcept {
 
 bool ChannelPair::peerTookEverything() const noexcept {
   const std::lock_guard<SpinMutex> lock(link_->mutex_);
-  return link_->connection_->peerTookEverything();
+  return link_->connection_ == nullptr || link_->connection_->peerTookEverything();
 }
 
 void ChannelPair::postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) {
@@ -648,6 +692,7 @@ void ChannelPair::postTentativeRecv(const Envelope& expected, void* data, size_t
   receive.tentative = true;
   channel_->refused = false;
   channel_->pushReceive(receive);
+  link_->needConnection();
   try {
     link_->postTentatively(*channel_);
   } catch (...) {
@@ -747,9 +792,17 @@ void ChannelPair::checkIncoming(const Envelope* current) {
 }
 
 bool ChannelPair::hungUp() noexcept {
-  const std::lock_guard<SpinMutex> lock(link_->mutex_);
-  link_->drive();
-  return channel_->peerClosed || link_->failure_ != nullptr || link_->connection_->hungUp();
+  std::shared_ptr<LinkConnector> connector;
+  {
+    const std::lock_guard<SpinMutex> lock(link_->mutex_);
+    link_->drive();
+    if (channel_->peerClosed || link_->failure_ != nullptr) return true;
+    if (link_->connection_ != nullptr) return link_->connection_->hungUp();
+    connector = link_->connector_.lock();
+  }
+  // No connection yet: the peer's process, as far as the connector can tell (read
+  // outside the mutex).
+  return connector != nullptr && connector->peerGone(link_->peerRank_);
 }
 
 void ChannelPair::arm(pollfd* pfd, bool incoming) {
@@ -762,7 +815,8 @@ void ChannelPair::arm(pollfd* pfd, bool incoming) {
   channel_->sleeping = true;
   ++link.sleepers_;
   const int sleep = link.sleepDescriptor();
-  if (link.connectionArmedBy_ == nullptr) {
+  // Without a connection, the eventfd alone: attach() and connectFailed() give tokens.
+  if (link.connectionArmedBy_ == nullptr && link.connection_ != nullptr) {
     link.connectionArmedBy_ = this;
     pollfd connection{};
     if (link.incoming_ == Link::Incoming::kNone && !link.headLeft_) {
@@ -822,6 +876,7 @@ void ChannelPair::sendNotice(const Envelope& notice, net::Deadline deadline) noe
     link.failChannel(channel, std::make_exception_ptr(NetworkError(
                                   "the channel to " + peerDescription() + " was abandoned after a failed call")));
     if (peerListens && link.failure_ == nullptr) {
+      link.needConnection();  // a peer never connected to may be waiting on this rank elsewhere
       // Right before the close message close() queued.
       link.outgoing_.insert(link.outgoing_.end() - 1, Link::Outgoing{nullptr, stamped(notice), nullptr, 0, nullptr});
       const auto ours = [&](const Link::Outgoing& o) { return o.envelope.channel == channel.id; };

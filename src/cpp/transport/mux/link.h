@@ -25,6 +25,21 @@ namespace ringtree::transport::mux {
 
 using ChannelId = uint64_t;
 
+// Who makes a link's connection when the link is made without one (Link's lazy
+// constructor): the rendezvous's PeerConnector. Both calls come with the link's mutex
+// held, so neither may block or call back into a link.
+class LinkConnector {
+ public:
+  virtual ~LinkConnector() = default;
+  // Asks for the connection to `peer` to be made; the answer comes later, on any thread,
+  // through Link::attach() or Link::connectFailed(). Called once per link at most.
+  virtual void requestConnection(int peer) noexcept = 0;
+  // Whether `peer`'s process is known to have exited (a peer of this host whose pid is
+  // gone): how a link without a connection tells a peer that hung up. False when it
+  // cannot be known (another host).
+  virtual bool peerGone(int peer) noexcept = 0;
+};
+
 // The id of the channel a connection's first communicator uses (the world's collectives).
 constexpr ChannelId kBaseChannel = 0;
 
@@ -87,8 +102,14 @@ class Link : public std::enable_shared_from_this<Link> {
   static constexpr size_t kMaxElementBytes = 64;
 
   // Takes over `connection`, which carries nothing but this link's messages from now on.
-  // Throws NetworkError when no eventfd can be made.
   explicit Link(std::unique_ptr<Pair> connection);
+  // A link whose connection is made when a channel first needs the peer (lazy
+  // connection): a send, a receive or a notice posted on any channel asks `connector` for
+  // it once. Until it is attached, messages wait in the link, peeking finds nothing, and
+  // hungUp() asks the connector whether the peer's process is gone; threads that sleep on
+  // the link wake when it is attached or fails. `kind` and `peerDescription` are what the
+  // connection is expected to be ("shm", "tcp"): kind() says the attached one's.
+  Link(int peerRank, std::string peerDescription, const char* kind, std::weak_ptr<LinkConnector> connector);
   ~Link();
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
@@ -99,8 +120,22 @@ class Link : public std::enable_shared_from_this<Link> {
   // on this link.
   std::unique_ptr<Pair> open(ChannelId id, int selfRank, int peerRank, std::string peerDescription);
 
-  // The connection's kind ("tcp", "shm"), its peer's rank and description.
-  const char* kind() const { return kind_; }
+  // The connector's side of a lazy link. attach(): the connection is made; the link takes
+  // it over and wakes its sleepers. Returns false (and drops it) when the link has one
+  // already or failed. connectFailed(): it cannot be made; every channel fails with
+  // `error` (as a connection that broke). Ignored once a connection is attached.
+  bool attach(std::unique_ptr<Pair> connection);
+  void connectFailed(std::exception_ptr error);
+  // Whether a connection is attached (a link made with one always has).
+  bool connected() const;
+
+  // The connection's kind ("tcp", "shm"): the attached one's, the planned one until then.
+  const char* kind() const { return kind_.load(std::memory_order_acquire); }
+  // The kind the link was planned with, from what both ranks know (their records): the
+  // same on both ends at any time, unlike kind() (a connection may fall back to TCP, and
+  // one end may be attached before the other). For decisions both ranks must take alike.
+  const char* plannedKind() const { return plannedKind_; }
+  // Its peer's rank and description.
   int peerRank() const { return peerRank_; }
   const std::string& peerDescription() const { return peerDescription_; }
 
@@ -181,6 +216,9 @@ class Link : public std::enable_shared_from_this<Link> {
   enum class Incoming { kNone, kTentative, kIntoReceive, kIntoArrived, kDropped };
 
   // Each below runs with mutex_ held.
+  // A channel needs the peer: asks the connector for the connection if there is none and
+  // it was not asked yet (a link whose connector is gone fails).
+  void needConnection();
   // Moves every channel's messages as far as possible without waiting; records a
   // connection failure instead of throwing. Returns whether anything moved; gives the
   // sleepers their tokens when it did.
@@ -239,8 +277,11 @@ class Link : public std::enable_shared_from_this<Link> {
   void close(Channel& channel, net::Deadline deadline, bool sendBuffersValid);
 
   mutable SpinMutex mutex_;
-  std::unique_ptr<Pair> connection_;
-  const char* kind_;
+  std::unique_ptr<Pair> connection_;  // null until attached (lazy links)
+  std::atomic<const char*> kind_;
+  const char* const plannedKind_;
+  std::weak_ptr<LinkConnector> connector_;  // lazy links only
+  bool connectionRequested_ = false;
   int peerRank_;
   std::string peerDescription_;
 

@@ -38,6 +38,8 @@ class Listener {
   Listener();
   ~Listener();
   const std::string& name() const { return name_; }
+  // The listening socket (non-blocking), for a caller that polls it and accepts itself.
+  int fd() const { return socket_.fd(); }
   // Accepts one connection, waiting until deadline; throws NetworkError/TimeoutError.
   net::Socket accept(net::Deadline deadline);
 
