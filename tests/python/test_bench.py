@@ -834,6 +834,21 @@ def test_scale_table():
     assert float(shm[6]) > 0, shm  # rank 0 maps the node arena and its rings
 
 
+def test_scale_table_connection_modes():
+    """Four ranks, eager and lazy: the lazy jobs end with fewer descriptors and mappings."""
+    proc = _bench("scale", "--ranks", "4", "--iterations", "2", "--connect", "eager,lazy", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {row[1]: row for row in (line.split(" | ") for line in proc.stdout.splitlines())
+            if row[0] == "| 4"}
+    # Over TCP at 4 ranks the allreduces' algorithms reach every peer of rank 0: both modes
+    # end with as many connections (the descriptors differ by the wait descriptors of links
+    # that slept).
+    assert {"ringtree tcp eager", "ringtree tcp lazy"} <= set(rows), proc.stdout
+    # Over shared memory the node arena serves the allreduces: no pair connects.
+    eager, lazy = rows["ringtree shm eager"], rows["ringtree shm lazy"]
+    assert float(lazy[8]) < float(eager[8]) and int(lazy[9]) < int(eager[9]), (eager, lazy)
+
+
 def test_groups_table():
     """Two ranks, five groups, ringtree's API: groups open no socket and no descriptor."""
     proc = _bench("groups", "--nproc", "2", "--groups", "5", "--system", "ringtree", timeout=120)

@@ -12,11 +12,16 @@ and, where mpirun and mpi4py are installed, Open MPI. Each rank reports:
   before the launch to just after that barrier, in MB, and what is left of it once the
   launcher has exited ("left after exit": 0 when nothing leaks);
 * mapped per rank: the shared-memory mappings of rank 0 (memfd segments, /dev/shm files),
-  in MB; fds per rank: rank 0's open file descriptors;
+  in MB; fds per rank: rank 0's open file descriptors; both after that barrier and again
+  after the allreduces below ("after calls": with lazy connections, what the calls
+  connected);
 * the median time of an 8 B and a 1 MiB float32 allreduce (the slowest rank's, over
   ``--iterations`` calls after a warm-up), in us.
 
-Usage: ``ringtree-bench scale [--ranks 8,16,32] [--iterations 20] [--json FILE]``.
+``--connect eager,lazy`` runs each ringtree system once per connection mode
+(``RINGTREE_CONNECT``); the default, ``auto``, runs ringtree as it configures itself.
+
+Usage: ``ringtree-bench scale [--ranks 8,16,32] [--iterations 20] [--connect auto] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ for _count, _name in ((2, "small"), (1 << 18, "large")):
         _allreduce(_a)
         _times.append(_time.perf_counter() - _start)
     _report[_name] = _statistics.median(_longest(_times))
+if _rank == 0:
+    _report["mapped_end"] = _mapped_shm_bytes()
+    _report["fds_end"] = len(_os.listdir("/proc/self/fd"))
 with open(_os.path.join(_os.environ["BENCH_OUT"], f"r_{_rank}.json"), "w") as _f:
     _json.dump(_report, _f)
 """
@@ -129,7 +137,7 @@ MPI.COMM_WORLD.Barrier()
 
 
 def _launch(system: str, ranks: int, script: Path) -> list[str]:
-    if system == "Open MPI":
+    if system.startswith("Open MPI"):
         return mpirun_command(ranks, [sys.executable, str(script)], ["--bind-to", "none"])
     return [sys.executable, "-m", "ringtree.run", "--nproc-per-node", str(ranks), str(script)]
 
@@ -138,11 +146,14 @@ def _run(system: str, ranks: int, iterations: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="rt-scale-") as tmp:
         out = Path(tmp)
         script = out / "worker.py"
-        worker = MPI_WORKER if system == "Open MPI" else RINGTREE_WORKER
+        worker = MPI_WORKER if system.startswith("Open MPI") else RINGTREE_WORKER
         script.write_text(worker.replace("{iterations}", str(iterations)))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
-        if system == "ringtree tcp":
+        if system.startswith("ringtree tcp"):
             env["RINGTREE_TRANSPORT"] = "tcp"
+        for mode in ("eager", "lazy"):
+            if system.endswith(" " + mode):
+                env["RINGTREE_CONNECT"] = mode
         before = shmem_kb()
         env.update(BENCH_OUT=str(out), BENCH_SHMEM_KB=str(before))
         proc = subprocess.run(_launch(system, ranks, script), env=env, capture_output=True, text=True,
@@ -161,6 +172,8 @@ def _run(system: str, ranks: int, iterations: int, timeout: float) -> dict:
         "left_mb": left / 1024,
         "mapped_mb": first["mapped"] / 2**20,
         "fds": first["fds"],
+        "mapped_end_mb": first["mapped_end"] / 2**20,
+        "fds_end": first["fds_end"],
         "allreduce_8B_us": first["small"] * 1e6,
         "allreduce_1MiB_us": first["large"] * 1e6,
     }
@@ -171,24 +184,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="8,16,32", help="rank counts, comma-separated")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600, help="seconds a job may take")
+    parser.add_argument("--connect", default="auto",
+                        help="ringtree's connection modes to run, comma-separated (auto, eager, lazy)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
-    systems = ["ringtree shm", "ringtree tcp"]
+    modes = [m for m in args.connect.split(",") if m]
+    if any(m not in ("auto", "eager", "lazy") for m in modes):
+        parser.error(f"--connect takes auto, eager or lazy, got {args.connect!r}")
+    systems = [f"ringtree {transport}" + ("" if mode == "auto" else f" {mode}")
+               for transport in ("shm", "tcp") for mode in modes]
     missing = availability("mpi")
     if missing is None:
         systems.append("Open MPI")
     rows = []
     print(f"scale on one host ({os.cpu_count()} CPUs): init, shared memory, descriptors and allreduce per job\n")
     print("| ranks | system | init (s) | rendezvous (s) | shm in use (MB) | left after exit (MB) | mapped per rank (MB) "
-          "| fds per rank | 8 B allreduce (us) | 1 MiB allreduce (us) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| fds per rank | mapped after calls (MB) | fds after calls | 8 B allreduce (us) | 1 MiB allreduce (us) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for ranks in (int(r) for r in args.ranks.split(",")):
         for system in systems:
             result = _run(system, ranks, args.iterations, args.timeout)
             rows.append({"ranks": ranks, "system": system, **result})
             print(f"| {ranks} | {system} | {result['init_s']:.2f} | {result['rendezvous_s']:.2f} | "
                   f"{result['shm_mb']:.0f} | {result['left_mb']:.0f} | "
-                  f"{result['mapped_mb']:.1f} | {result['fds']} | {result['allreduce_8B_us']:.1f} | "
+                  f"{result['mapped_mb']:.1f} | {result['fds']} | {result['mapped_end_mb']:.1f} | "
+                  f"{result['fds_end']} | {result['allreduce_8B_us']:.1f} | "
                   f"{result['allreduce_1MiB_us']:.0f} |", flush=True)
     if missing is not None:
         print(f"\n(Open MPI left out: {missing})")
