@@ -113,6 +113,10 @@ class ArenaCall {
   arena::NodeArena& arena_;
   const uint32_t base_;  // the last step before this call
   const int pauseIterations_;
+  // When checkWhileWaiting next looks for peers that left (a scan of every peer not
+  // arrived: a syscall each, or a /proc read for one never connected to): set at its
+  // first call, then every kHangUpCheckInterval.
+  net::Clock::time_point nextHangUpCheck_{};
 };
 
 // A call whose ranks pass per-rank counts (allgather, reduce_scatter): folds a hash of
