@@ -483,7 +483,11 @@ class NcclBackend final : public DeviceBackend {
         enqueued_ = true;
         return;
       }
-      raise(backend_.ncclError(function, opName_, result));
+      // The watchdog may have aborted the communicator since throwIfUnusable (an
+      // asynchronous error, a timeout): the call then fails with that failure, not with
+      // what NCCL says of an aborted communicator.
+      const std::exception_ptr recorded = backend_.recordedFailure();
+      raise(recorded ? recorded : backend_.ncclError(function, opName_, result));
     }
 
     // Records the end of the operation and hands it to the watchdog; see the class comment
@@ -590,6 +594,12 @@ class NcclBackend final : public DeviceBackend {
       return std::make_exception_ptr(InvalidArgument(message));
     }
     return std::make_exception_ptr(Error(message));
+  }
+
+  // The failure the backend recorded (null while none).
+  std::exception_ptr recordedFailure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
   }
 
   // Refuses calls once the backend failed or closed, and buffers on another device than the
