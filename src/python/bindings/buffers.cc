@@ -2,6 +2,7 @@
 
 #include <ringtree/device_backend.h>
 
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -65,7 +66,8 @@ struct ExchangeApi {
   void* managedTensorAllocator;
   int (*managedTensorFromPyObjectNoSync)(void* object, ManagedTensorVersioned** out);
   void* managedTensorToPyObjectNoSync;
-  void* dltensorFromPyObjectNoSync;
+  // Fills *out, owning nothing: valid while the object lives unchanged.
+  int (*dltensorFromPyObjectNoSync)(void* object, Tensor* out);
   // The producer's current stream on a device (torch: torch.cuda.current_stream()); may be null.
   int (*currentWorkStream)(int32_t deviceType, int32_t deviceId, void** stream);
 };
@@ -92,6 +94,9 @@ const Names& names() {
 // What a Python type offers, looked up once per type.
 struct TypeInfo {
   const dl::ExchangeApi* exchange = nullptr;  // null: no usable C exchange table
+  // torch.Tensor or a subclass, with the table's unowned form: torch has no read-only
+  // tensors, so the form's missing read-only flag loses nothing.
+  bool borrowable = false;
   bool hasDlpack = false;
   // torch.Tensor's state that DLPack does not carry (the C exchange table exports the
   // memory regardless of it; __dlpack__ refuses the first two with BufferError).
@@ -99,6 +104,21 @@ struct TypeInfo {
   bool hasIsConj = false;
   bool hasIsNeg = false;
 };
+
+// Whether the class of `type`'s MRO that defines `attribute` is torch.Tensor.
+bool definedByTorchTensor(PyTypeObject* type, PyObject* attribute) {
+  PyObject* mro = type->tp_mro;
+  if (mro == nullptr || !PyTuple_Check(mro)) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+    auto* base = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i));
+    if (base->tp_dict == nullptr || PyDict_GetItemWithError(base->tp_dict, attribute) == nullptr) continue;
+    PyObject* module = PyDict_GetItemString(base->tp_dict, "__module__");
+    return std::strcmp(base->tp_name, "Tensor") == 0 && module != nullptr && PyUnicode_Check(module) &&
+           PyUnicode_CompareWithASCIIString(module, "torch") == 0;
+  }
+  PyErr_Clear();
+  return false;
+}
 
 TypeInfo inspectType(PyTypeObject* type) {
   const Names& n = names();
@@ -112,6 +132,7 @@ TypeInfo inspectType(PyTypeObject* type) {
     auto* table = reinterpret_cast<const dl::ExchangeApi*>(header);
     if (table != nullptr && table->header.version.major == 1 && table->managedTensorFromPyObjectNoSync != nullptr) {
       info.exchange = table;
+      info.borrowable = table->dltensorFromPyObjectNoSync != nullptr && definedByTorchTensor(type, n.exchangeApi);
     }
   }
   info.hasDlpack = _PyType_Lookup(type, n.dlpack) != nullptr;
@@ -342,20 +363,20 @@ bool pythonIsFinalizing() {
 #endif
 }
 
-Buffer::Buffer(py::handle object, Access access, const char* what) {
+Buffer::Buffer(py::handle object, Access access, const char* what, Hold hold) {
   // The destructor does not run when a constructor throws: release what was taken here.
   try {
-    acquire(object, access, what);
+    acquire(object, access, what, hold);
   } catch (...) {
     release();
     throw;
   }
 }
 
-void Buffer::acquire(py::handle object, Access access, const char* what) {
+void Buffer::acquire(py::handle object, Access access, const char* what, Hold hold) {
   const TypeInfo& info = typeInfo(Py_TYPE(object.ptr()));
   if (info.exchange != nullptr) {
-    fromExchangeApi(object, info.exchange, access, what);
+    fromExchangeApi(object, info.exchange, access, what, hold == Hold::kCall && info.borrowable);
     // The table exports the memory whatever the tensor's autograd and view state.
     const Names& n = names();
     if (info.hasRequiresGrad && isFloating(type_) && attributeIsTrue(object.ptr(), n.requiresGrad)) {
@@ -383,10 +404,21 @@ void Buffer::acquire(py::handle object, Access access, const char* what) {
   }
 }
 
-void Buffer::fromExchangeApi(py::handle object, const void* api, Access access, const char* what) {
+void Buffer::fromExchangeApi(py::handle object, const void* api, Access access, const char* what, bool borrow) {
   const auto* table = static_cast<const dl::ExchangeApi*>(api);
-  dl::ManagedTensorVersioned* managed = nullptr;
-  if (table->managedTensorFromPyObjectNoSync(object.ptr(), &managed) != 0) {
+  dl::Tensor borrowed{};
+  const dl::Tensor* tensor = &borrowed;
+  const int failed = borrow ? table->dltensorFromPyObjectNoSync(object.ptr(), &borrowed) : [&] {
+    dl::ManagedTensorVersioned* managed = nullptr;
+    const int rc = table->managedTensorFromPyObjectNoSync(object.ptr(), &managed);
+    if (rc == 0) {
+      managed_ = managed;
+      owner_ = Owner::kVersioned;
+      tensor = &managed->tensor;
+    }
+    return rc;
+  }();
+  if (failed != 0) {
     // The producer cannot describe this tensor in DLPack (a meta or sparse tensor, ...);
     // torch reports that as RuntimeError with a C++ backtrace: keep the first line.
     py::error_already_set error;
@@ -397,17 +429,16 @@ void Buffer::fromExchangeApi(py::handle object, const void* api, Access access, 
     message = message.substr(0, message.find('\n'));
     throw py::value_error(std::string(what) + ": the buffer cannot be exported: " + message);
   }
-  managed_ = managed;
-  owner_ = Owner::kVersioned;
-  if (access == Access::kReadWrite && (managed->flags & dl::kFlagReadOnly) != 0) {
+  if (!borrow && access == Access::kReadWrite &&
+      (static_cast<dl::ManagedTensorVersioned*>(managed_)->flags & dl::kFlagReadOnly) != 0) {
     throw py::value_error(std::string(what) + ": the buffer is read-only, and the collective writes it in place");
   }
-  readTensor(&managed->tensor, what);
+  readTensor(tensor, what);
   // The table exports without synchronising: CUDA work on the buffer is ordered after the
   // producer's current stream, which the device backend then waits for.
   if (device_.type == DeviceType::kCuda && table->currentWorkStream != nullptr) {
     void* stream = nullptr;
-    if (table->currentWorkStream(dl::kCuda, managed->tensor.device.deviceId, &stream) == 0) {
+    if (table->currentWorkStream(dl::kCuda, tensor->device.deviceId, &stream) == 0) {
       setCurrentStream(device_, stream);
     }
   }

@@ -14,6 +14,13 @@ namespace ringtree::python {
 // Whether a collective writes the buffer (all of them do, except broadcast on its root).
 enum class Access { kRead, kReadWrite };
 
+// How long the borrow must last. kCall: a synchronous call, during which the caller holds
+// the object (its frame does), so nothing needs keeping: torch tensors are then read
+// without an export to free afterwards (DLPack's dltensor_from_py_object_no_sync, no
+// allocation). kExport: an asynchronous call, whose Work outlives the caller's frame: an
+// owning DLPack export (or buffer view) keeps the memory.
+enum class Hold { kCall, kExport };
+
 // The memory of a Python tensor or array, borrowed zero-copy for one operation: its
 // first element, element count, type and device, and whatever keeps it valid.
 //
@@ -38,7 +45,7 @@ class Buffer {
   // type (the message names it), ValueError for everything else that makes the buffer
   // unusable (device, layout, read-only, requires grad, ...). `what` names the call in
   // messages ("all_reduce").
-  Buffer(pybind11::handle object, Access access, const char* what);
+  Buffer(pybind11::handle object, Access access, const char* what, Hold hold = Hold::kExport);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -52,8 +59,10 @@ class Buffer {
  private:
   enum class Owner { kNone, kVersioned, kLegacy, kView };
 
-  void acquire(pybind11::handle object, Access access, const char* what);
-  void fromExchangeApi(pybind11::handle object, const void* api, Access access, const char* what);
+  void acquire(pybind11::handle object, Access access, const char* what, Hold hold);
+  // borrow: read the tensor without an owning export (Hold::kCall, and a producer whose
+  // tensors are never read-only, which the unowned form cannot say).
+  void fromExchangeApi(pybind11::handle object, const void* api, Access access, const char* what, bool borrow);
   void fromCapsule(pybind11::handle object, Access access, const char* what);
   void fromBufferProtocol(pybind11::handle object, Access access, const char* what);
   // Reads the DLTensor at `tensor` (a DLPack DLTensor) into data_, count_ and type_.

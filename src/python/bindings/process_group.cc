@@ -125,12 +125,10 @@ std::vector<int64_t> parseSplitSizes(py::handle sizes, const char* name) {
 // Borrowed with the GIL held; released on any thread (see Buffer).
 class Borrowed {
  public:
-  explicit Borrowed(const char* what) : what_(what) {}
+  // hold: how one() borrows (Hold::kCall for a synchronous call's own arguments).
+  Borrowed(const char* what, Hold hold) : what_(what), hold_(hold) {}
 
-  BufferView one(py::handle object, Access access) {
-    buffers_.emplace_back(object, access, what_);
-    return buffers_.back().view();
-  }
+  BufferView one(py::handle object, Access access) { return borrow(object, access, hold_); }
 
   // Every element of `list` (the argument `name`), which must be a list or a tuple
   // (TypeError otherwise); None is an empty list when `noneIsEmpty`.
@@ -144,14 +142,26 @@ class Borrowed {
     const auto elements = py::reinterpret_borrow<py::sequence>(list);
     views.reserve(elements.size());
     buffers_.reserve(buffers_.size() + elements.size());
-    for (py::handle element : elements) views.push_back(one(element, access));
+    // Owned exports: another thread may take an element out of the list (its last
+    // reference) while the call runs without the GIL.
+    for (py::handle element : elements) views.push_back(borrow(element, access, Hold::kExport));
     return views;
   }
 
  private:
+  BufferView borrow(py::handle object, Access access, Hold hold) {
+    buffers_.emplace_back(object, access, what_, hold);
+    return buffers_.back().view();
+  }
+
   const char* what_;
+  Hold hold_;
   std::vector<Buffer> buffers_;
 };
+
+// How a call's own tensor arguments are borrowed: the caller's frame holds them while a
+// synchronous call runs.
+Hold holdFor(bool asyncOp) { return asyncOp ? Hold::kExport : Hold::kCall; }
 
 // A call over the buffers `borrowed` holds: with asyncOp, submitted by async(keepAlive)
 // with them as the Work's keep-alive and outputs() attached for Work.result() (returns
@@ -202,7 +212,7 @@ namespace calls {
 py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<AllreduceOptions>(algorithm, timeout, "all_reduce");
   parseReduceOp(op, options.op, options.premulFactor);
-  Buffer buffer(tensor, Access::kReadWrite, "all_reduce");
+  Buffer buffer(tensor, Access::kReadWrite, "all_reduce", holdFor(asyncOp));
   return runOne(
       asyncOp, buffer, tensor, [&](const BufferView& view) { group.allreduce(view, options); },
       [&](const BufferView& view, KeepAlive keepAlive) { return group.allreduceAsync(view, options, keepAlive); });
@@ -211,7 +221,7 @@ py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool
 py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<BroadcastOptions>(algorithm, timeout, "broadcast");
   options.root = root;
-  Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast");
+  Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast", holdFor(asyncOp));
   return runOne(
       asyncOp, buffer, tensor, [&](const BufferView& view) { group.broadcast(view, options); },
       [&](const BufferView& view, KeepAlive keepAlive) { return group.broadcastAsync(view, options, keepAlive); });
@@ -222,7 +232,7 @@ py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle o
   auto options = optionsWith<ReduceOptions>(algorithm, timeout, "reduce");
   options.root = root;
   parseReduceOp(op, options.op, options.premulFactor);
-  Buffer buffer(tensor, Access::kReadWrite, "reduce");
+  Buffer buffer(tensor, Access::kReadWrite, "reduce", holdFor(asyncOp));
   return runOne(
       asyncOp, buffer, tensor, [&](const BufferView& view) { group.reduce(view, options); },
       [&](const BufferView& view, KeepAlive keepAlive) { return group.reduceAsync(view, options, keepAlive); });
@@ -232,7 +242,7 @@ py::object allreduceCoalesced(ProcessGroup& group, py::handle tensors, py::handl
   AllreduceOptions options;
   options.timeout = callTimeout(timeout, "all_reduce_coalesced");
   parseReduceOp(op, options.op, options.premulFactor);
-  Borrowed borrowed("all_reduce_coalesced");
+  Borrowed borrowed("all_reduce_coalesced", holdFor(asyncOp));
   const auto views = borrowed.list(tensors, Access::kReadWrite, "tensors");
   return run(
       asyncOp, borrowed, [&] { group.allreduceCoalesced(views, options); },
@@ -243,7 +253,7 @@ py::object allreduceCoalesced(ProcessGroup& group, py::handle tensors, py::handl
 py::object allgather(ProcessGroup& group, py::handle tensorList, py::handle tensor, bool asyncOp,
                      py::handle algorithm, const Timeout& timeout) {
   const auto options = optionsWith<AllgatherOptions>(algorithm, timeout, "all_gather");
-  Borrowed borrowed("all_gather");
+  Borrowed borrowed("all_gather", holdFor(asyncOp));
   const BufferView input = borrowed.one(tensor, Access::kRead);
   const auto outputs = borrowed.list(tensorList, Access::kReadWrite, "tensor_list");
   return run(
@@ -255,7 +265,7 @@ py::object allgather(ProcessGroup& group, py::handle tensorList, py::handle tens
 py::object allgatherSingle(ProcessGroup& group, py::handle outputTensor, py::handle inputTensor, bool asyncOp,
                            py::handle algorithm, const Timeout& timeout) {
   const auto options = optionsWith<AllgatherOptions>(algorithm, timeout, "all_gather_single");
-  Borrowed borrowed("all_gather_single");
+  Borrowed borrowed("all_gather_single", holdFor(asyncOp));
   const BufferView output = borrowed.one(outputTensor, Access::kReadWrite);
   const BufferView input = borrowed.one(inputTensor, Access::kRead);
   return run(
@@ -268,7 +278,7 @@ py::object allgatherCoalesced(ProcessGroup& group, py::handle outputTensorLists,
                               bool asyncOp, const Timeout& timeout) {
   AllgatherOptions options;
   options.timeout = callTimeout(timeout, "all_gather_coalesced");
-  Borrowed borrowed("all_gather_coalesced");
+  Borrowed borrowed("all_gather_coalesced", holdFor(asyncOp));
   const auto inputs = borrowed.list(inputTensorList, Access::kRead, "input_tensor_list");
   if (!PyList_Check(outputTensorLists.ptr()) && !PyTuple_Check(outputTensorLists.ptr())) {
     throw py::type_error(std::string("all_gather_coalesced: output_tensor_lists must be a list of lists of tensors, "
@@ -292,7 +302,7 @@ py::object allgatherSingleCoalesced(ProcessGroup& group, py::handle outputTensor
                                     bool asyncOp, const Timeout& timeout) {
   AllgatherOptions options;
   options.timeout = callTimeout(timeout, "all_gather_single_coalesced");
-  Borrowed borrowed("all_gather_single_coalesced");
+  Borrowed borrowed("all_gather_single_coalesced", holdFor(asyncOp));
   const auto outputs = borrowed.list(outputTensors, Access::kReadWrite, "output_tensors");
   const auto inputs = borrowed.list(inputTensors, Access::kRead, "input_tensors");
   return run(
@@ -305,7 +315,7 @@ py::object gather(ProcessGroup& group, py::handle tensor, py::handle gatherList,
                   py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<GatherOptions>(algorithm, timeout, "gather");
   options.root = root;
-  Borrowed borrowed("gather");
+  Borrowed borrowed("gather", holdFor(asyncOp));
   const BufferView input = borrowed.one(tensor, Access::kRead);
   const auto outputs = borrowed.list(gatherList, Access::kReadWrite, "gather_list", /*noneIsEmpty=*/true);
   return run(
@@ -318,7 +328,7 @@ py::object scatter(ProcessGroup& group, py::handle tensor, py::handle scatterLis
                    py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<ScatterOptions>(algorithm, timeout, "scatter");
   options.root = root;
-  Borrowed borrowed("scatter");
+  Borrowed borrowed("scatter", holdFor(asyncOp));
   const BufferView output = borrowed.one(tensor, Access::kReadWrite);
   const auto inputs = borrowed.list(scatterList, Access::kRead, "scatter_list", /*noneIsEmpty=*/true);
   return run(
@@ -331,7 +341,7 @@ py::object reduceScatter(ProcessGroup& group, py::handle output, py::handle inpu
                          py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<ReduceScatterOptions>(algorithm, timeout, "reduce_scatter");
   parseReduceOp(op, options.op, options.premulFactor);
-  Borrowed borrowed("reduce_scatter");
+  Borrowed borrowed("reduce_scatter", holdFor(asyncOp));
   const BufferView out = borrowed.one(output, Access::kReadWrite);
   const auto inputs = borrowed.list(inputList, Access::kRead, "input_list");
   return run(
@@ -344,7 +354,7 @@ py::object reduceScatterSingle(ProcessGroup& group, py::handle output, py::handl
                                py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<ReduceScatterOptions>(algorithm, timeout, "reduce_scatter_single");
   parseReduceOp(op, options.op, options.premulFactor);
-  Borrowed borrowed("reduce_scatter_single");
+  Borrowed borrowed("reduce_scatter_single", holdFor(asyncOp));
   const BufferView out = borrowed.one(output, Access::kReadWrite);
   const BufferView in = borrowed.one(input, Access::kRead);
   return run(
@@ -358,7 +368,7 @@ py::object reduceScatterSingleCoalesced(ProcessGroup& group, py::handle outputs,
   ReduceScatterOptions options;
   options.timeout = callTimeout(timeout, "reduce_scatter_single_coalesced");
   parseReduceOp(op, options.op, options.premulFactor);
-  Borrowed borrowed("reduce_scatter_single_coalesced");
+  Borrowed borrowed("reduce_scatter_single_coalesced", holdFor(asyncOp));
   const auto outs = borrowed.list(outputs, Access::kReadWrite, "outputs");
   const auto ins = borrowed.list(inputs, Access::kRead, "inputs");
   return run(
@@ -370,7 +380,7 @@ py::object reduceScatterSingleCoalesced(ProcessGroup& group, py::handle outputs,
 py::object alltoall(ProcessGroup& group, py::handle outputTensorList, py::handle inputTensorList, bool asyncOp,
                     py::handle algorithm, const Timeout& timeout) {
   const auto options = optionsWith<AlltoallOptions>(algorithm, timeout, "all_to_all");
-  Borrowed borrowed("all_to_all");
+  Borrowed borrowed("all_to_all", holdFor(asyncOp));
   const auto outputs = borrowed.list(outputTensorList, Access::kReadWrite, "output_tensor_list");
   const auto inputs = borrowed.list(inputTensorList, Access::kRead, "input_tensor_list");
   return run(
@@ -384,7 +394,7 @@ py::object alltoallSingle(ProcessGroup& group, py::handle output, py::handle inp
   const auto options = optionsWith<AlltoallOptions>(algorithm, timeout, "all_to_all_single");
   const std::vector<int64_t> outputSplits = parseSplitSizes(outputSplitSizes, "output_split_sizes");
   const std::vector<int64_t> inputSplits = parseSplitSizes(inputSplitSizes, "input_split_sizes");
-  Borrowed borrowed("all_to_all_single");
+  Borrowed borrowed("all_to_all_single", holdFor(asyncOp));
   const BufferView out = borrowed.one(output, Access::kReadWrite);
   const BufferView in = borrowed.one(input, Access::kRead);
   return run(
@@ -410,13 +420,13 @@ py::object barrier(ProcessGroup& group, const Timeout& timeout, bool asyncOp) {
 // to release a finished operation's buffer); a blocking call's buffer is released after
 // the GIL is taken back.
 void send(ProcessGroup& group, py::handle tensor, int dst, int tag) {
-  const Buffer buffer(tensor, Access::kRead, "send");
+  const Buffer buffer(tensor, Access::kRead, "send", Hold::kCall);
   py::gil_scoped_release release;
   group.send(buffer.view(), dst, tag);
 }
 
 int recv(ProcessGroup& group, py::handle tensor, int src, int tag) {
-  const Buffer buffer(tensor, Access::kReadWrite, "recv");
+  const Buffer buffer(tensor, Access::kReadWrite, "recv", Hold::kCall);
   py::gil_scoped_release release;
   return group.recv(buffer.view(), src, tag);
 }
