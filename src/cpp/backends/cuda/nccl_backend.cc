@@ -892,27 +892,10 @@ class NcclBackend final : public DeviceBackend {
       std::string expired;
       Clock::time_point expiredDeadline;
       std::chrono::milliseconds expiredTimeout{0};
-      while (!pending_.empty()) {
-        const int state = gpu_.eventQuery(pending_.front().event);
-        if (state == RINGTREE_GPU_NOT_READY) {
-          if (Clock::now() >= pending_.front().deadline) {
-            expired = pending_.front().opName;
-            expiredDeadline = pending_.front().deadline;
-            expiredTimeout = pending_.front().timeout;
-          }
-          break;
-        }
-        if (state != 0) {  // stays pending: fail() below fails it with the rest
-          expired.clear();
-          failure_ = std::make_exception_ptr(Error(where(pending_.front().opName) + ": CUDA reported an error: " +
-                                                   gpu_.errorString(state)));
-          break;
-        }
-        finished.push_back(std::move(pending_.front()));
-        pending_.pop_front();
-      }
+      // An asynchronous NCCL error first: operations whose events completed meanwhile may
+      // have run on a failing communicator, and fail with it (as torch's watchdog does).
       int asyncError = kNcclSuccess;
-      if (!failure_ && !aborted_ && comm_ != nullptr && nccl_->commGetAsyncError(comm_, &asyncError) == kNcclSuccess &&
+      if (!aborted_ && comm_ != nullptr && nccl_->commGetAsyncError(comm_, &asyncError) == kNcclSuccess &&
           asyncError != kNcclSuccess && asyncError != kNcclInProgress) {
         std::string message = where(pending_.empty() ? lastOpName_ : pending_.front().opName) +
                               ": NCCL reported an asynchronous error: " + nccl_->getErrorString(asyncError);
@@ -921,6 +904,27 @@ class NcclBackend final : public DeviceBackend {
           if (last != nullptr && *last != '\0') message += std::string(" (") + last + ")";
         }
         failure_ = std::make_exception_ptr(Error(message + "; the communicator was aborted"));
+      }
+      if (!failure_) {
+        while (!pending_.empty()) {
+          const int state = gpu_.eventQuery(pending_.front().event);
+          if (state == RINGTREE_GPU_NOT_READY) {
+            if (Clock::now() >= pending_.front().deadline) {
+              expired = pending_.front().opName;
+              expiredDeadline = pending_.front().deadline;
+              expiredTimeout = pending_.front().timeout;
+            }
+            break;
+          }
+          if (state != 0) {  // stays pending: fail() below fails it with the rest
+            expired.clear();
+            failure_ = std::make_exception_ptr(Error(where(pending_.front().opName) + ": CUDA reported an error: " +
+                                                     gpu_.errorString(state)));
+            break;
+          }
+          finished.push_back(std::move(pending_.front()));
+          pending_.pop_front();
+        }
       }
       if (!failure_ && !expired.empty()) {
         const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - expiredDeadline);
