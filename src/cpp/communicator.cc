@@ -130,7 +130,9 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, std::chrono::milliseconds
       arena_(std::move(arena)),
       hosts_(HostLayout::of(rank, hostOf.empty() ? std::vector<int>(static_cast<size_t>(size), 0) : std::move(hostOf))),
       recorder_(flightRecorderEntries),
-      statusStore_(std::move(statusStore)) {}
+      statusStore_(std::move(statusStore)) {
+  env::readAlgorithm();  // RINGTREE_ALGO as of this communicator's creation (see env.h)
+}
 
 int CommunicatorImpl::abortDescriptor() {
   int fd = abortEvent_.load(std::memory_order_seq_cst);

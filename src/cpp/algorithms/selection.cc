@@ -239,7 +239,7 @@ Algorithm selectAlgorithm(Collective collective, Algorithm requested, size_t byt
     return requested;
   }
   Algorithm chosen = Algorithm::kAuto;
-  const std::string fromEnv = env::algorithm();
+  const std::string& fromEnv = env::algorithm();
   if (!fromEnv.empty()) {
     const Algorithm named = parseAlgorithm(fromEnv.c_str());
     if (implements(collective, named) && usable(named, hasArena, worldSize, hostsUniform)) {

@@ -1,7 +1,10 @@
 #include "common/env.h"
 
+#include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 
 #include <ringtree/error.h>
 
@@ -14,7 +17,30 @@ std::string getString(const char* name, const std::string& fallback) {
 
 std::string storeToken() { return getString("RINGTREE_STORE_TOKEN"); }
 
-std::string algorithm() { return getString("RINGTREE_ALGO"); }
+namespace {
+
+// Every value RINGTREE_ALGO had when read (a handful in a process's life), so that the
+// one current stays valid for whoever still reads it.
+std::atomic<const std::string*> currentAlgorithm{nullptr};
+
+}  // namespace
+
+void readAlgorithm() {
+  static std::mutex mutex;
+  static std::set<std::string>* seen = new std::set<std::string>();
+  const std::string value = getString("RINGTREE_ALGO");
+  const std::lock_guard<std::mutex> lock(mutex);
+  currentAlgorithm.store(&*seen->insert(value).first, std::memory_order_release);
+}
+
+const std::string& algorithm() {
+  const std::string* current = currentAlgorithm.load(std::memory_order_acquire);
+  if (current == nullptr) {
+    readAlgorithm();
+    current = currentAlgorithm.load(std::memory_order_acquire);
+  }
+  return *current;
+}
 
 std::string logLevel() { return getString("RINGTREE_LOG_LEVEL", "warn"); }
 

@@ -17,7 +17,11 @@ std::string logLevel();
 
 // RINGTREE_ALGO: algorithm every collective uses instead of the automatic choice, when
 // the collective implements it (ring|tree|halving_doubling|chain|shm_direct). Default: none.
-std::string algorithm();
+// Read when a communicator is created (readAlgorithm), not at every call: algorithm()
+// returns the value the latest creation read (read now if none was), without a lock or
+// an allocation. Thread-safe; the strings returned stay valid for the process's life.
+void readAlgorithm();
+const std::string& algorithm();
 
 // RINGTREE_TRANSPORT: auto|tcp|shm, how a communicator reaches its peers (see
 // CommunicatorOptions::transport, which it replaces when set). Default: unset (empty).
