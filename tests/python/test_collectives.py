@@ -164,6 +164,25 @@ def test_torch_slices_and_scalars(world1):
     dist.all_reduce(torch.ones(3, dtype=torch.complex64).conj().resolve_conj())
 
 
+def test_view_bits_are_looked_at_for_every_new_tensor(world1):
+    """A tensor used again skips the conjugate and negative checks (they cannot change on
+    it); a new view of it, which is another tensor, is looked at, and so is a tensor that
+    now requires grad."""
+    f = torch.ones(4)
+    dist.all_reduce(f)
+    dist.all_reduce(f)
+    with pytest.raises(ValueError, match="negative bit"):
+        dist.all_reduce(torch._neg_view(f))
+    z = torch.ones(2, dtype=torch.complex64)
+    dist.all_reduce(z)
+    with pytest.raises(ValueError, match="conjugate"):
+        dist.all_reduce(z.conj())
+    dist.all_reduce(f)
+    f.requires_grad_()
+    with pytest.raises(ValueError, match="requires grad"):
+        dist.all_reduce(f)
+
+
 def test_invalid_arguments(world1):
     f = torch.ones(4)
     with pytest.raises(ValueError, match="complex"):

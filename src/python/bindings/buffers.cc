@@ -2,6 +2,7 @@
 
 #include <ringtree/device_backend.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -353,6 +354,44 @@ bool isFloating(DataType type) {
   }
 }
 
+// The last torch tensors whose view bits (conjugate, negative) were found clear, by weak
+// reference (GIL held): torch fixes these bits when it makes a tensor (a view with either
+// bit is a new tensor), so calls on the same tensors again skip is_neg() and is_conj(),
+// which go through torch's dispatcher (~60 ns each). Four: a call's input and output, and
+// a caller alternating between two buffers. Only torch's private _set_neg/_set_conj change
+// the bits in place, and are not looked for again.
+constexpr size_t kViewBitsChecked = 4;
+std::array<PyObject*, kViewBitsChecked> viewBitsCheckedOf{};  // weak references, or null
+size_t nextViewBitsChecked = 0;
+
+bool viewBitsChecked(PyObject* object) {
+  for (PyObject* reference : viewBitsCheckedOf) {
+    if (reference == nullptr) continue;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject* referent = nullptr;
+    if (PyWeakref_GetRef(reference, &referent) < 0) {
+      PyErr_Clear();
+      continue;
+    }
+    Py_XDECREF(referent);  // only compared; `object` itself is held by the caller
+    if (referent == object) return true;
+#else
+    if (PyWeakref_GetObject(reference) == object) return true;
+#endif
+  }
+  return false;
+}
+
+void rememberViewBitsChecked(PyObject* object) {
+  PyObject* reference = PyWeakref_NewRef(object, nullptr);
+  if (reference == nullptr) {
+    PyErr_Clear();  // a type without weak references: looked at every time
+    return;
+  }
+  Py_XSETREF(viewBitsCheckedOf[nextViewBitsChecked], reference);
+  nextViewBitsChecked = (nextViewBitsChecked + 1) % kViewBitsChecked;
+}
+
 }  // namespace
 
 bool pythonIsFinalizing() {
@@ -382,6 +421,7 @@ void Buffer::acquire(py::handle object, Access access, const char* what, Hold ho
     if (info.hasRequiresGrad && isFloating(type_) && attributeIsTrue(object.ptr(), n.requiresGrad)) {
       throwRequiresGrad(what);
     }
+    if (info.borrowable && viewBitsChecked(object.ptr())) return;
     if (info.hasIsConj && isComplex(type_) && callPredicate(object.ptr(), n.isConj)) {
       throwConj(what);
     }
@@ -402,6 +442,7 @@ void Buffer::acquire(py::handle object, Access access, const char* what, Hold ho
   if (info.hasIsNeg && callPredicate(object.ptr(), names().isNeg)) {
     throwNeg(what);
   }
+  if (info.borrowable) rememberViewBitsChecked(object.ptr());
 }
 
 void Buffer::fromExchangeApi(py::handle object, const void* api, Access access, const char* what, bool borrow) {
