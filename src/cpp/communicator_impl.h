@@ -68,7 +68,7 @@ struct StallCheck {
 };
 
 // Where the ranks of a communicator run, from the rendezvous records (see
-// rendezvous::connectFullMesh): the same on every rank.
+// rendezvous::connectMesh): the same on every rank.
 struct HostLayout {
   std::vector<int> hostOf;  // host index of each rank (hosts in the order of their lowest rank)
   int hosts = 1;

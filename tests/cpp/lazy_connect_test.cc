@@ -211,6 +211,28 @@ TEST(LazyConnect, APeerKilledBeforeItWasEverReachedIsNamedByTheFirstCallThatNeed
   }
 }
 
+TEST(LazyConnect, AnEagerRankAndALazyOneStillConnect) {
+  // Rank 0 connects eagerly and waits for rank 1 to dial it; rank 1 connects lazily and
+  // does not: after a second rank 0 dials it itself.
+  const auto results = test::runProcesses(2, [](int rank, std::shared_ptr<Store> store) -> std::string {
+    ::setenv("RINGTREE_CONNECT", rank == 0 ? "eager" : "lazy", 1);
+    const auto start = std::chrono::steady_clock::now();
+    auto communicator = Communicator::create(store, rank, 2, test::testOptions(TransportKind::kTcp, 20s));
+    // Rank 1 needs nothing from rank 0 before rank 0's creation returned.
+    if (rank == 0) store->set("rank0_created", Bytes{1});
+    if (rank == 1) store->wait({"rank0_created"}, 20s);
+    int32_t value = rank + 1;
+    allreduce(*communicator, &value, 1, DataType::kInt32);
+    const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::to_string(value) + " after " + std::to_string(seconds) + " s";
+  });
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.exited && result.code == 0) << result.message;
+    EXPECT_EQ(result.message.substr(0, 2), "3 ") << result.message;
+    EXPECT_LT(std::stod(result.message.substr(result.message.find("after ") + 6)), 5.0) << result.message;
+  }
+}
+
 TEST(LazyConnect, APeerThatClosedBeforeItWasNeededIsNamedAtOnce) {
   // Rank 1 destroys its communicator (its listeners close; the process lives on) before
   // rank 0 ever needed it: rank 0's first send to it fails at once, saying so.

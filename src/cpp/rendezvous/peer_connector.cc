@@ -521,6 +521,10 @@ void PeerConnector::connectEagerly(const Phase& phase) {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (failures_[static_cast<size_t>(peer)] != nullptr) std::rethrow_exception(failures_[static_cast<size_t>(peer)]);
   }
+  // A higher rank that has not dialed within kListenerGrace is dialed from here: it may
+  // connect lazily (another RINGTREE_CONNECT), or be slow; if it dials meanwhile, the
+  // pair keeps one connection as always.
+  const auto dialHigherAt = Clock::now() + kListenerGrace;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     std::vector<int> missing;
@@ -532,7 +536,10 @@ void PeerConnector::connectEagerly(const Phase& phase) {
     if (missing.empty()) return;
     if (Clock::now() >= phase.deadline) throwEagerTimeout(phase);
     lock.unlock();
-    for (const int peer : missing) throwIfPeerExited(peer, "waits for a connection from");
+    for (const int peer : missing) {
+      throwIfPeerExited(peer, "waits for a connection from");
+      if (peer > rank_ && Clock::now() >= dialHigherAt) requestConnection(peer);
+    }
     lock.lock();
     changed_.wait_for(lock, kTick);
   }

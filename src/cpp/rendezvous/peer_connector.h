@@ -75,7 +75,8 @@ class PeerConnector final : public transport::mux::LinkConnector,
   const std::vector<std::shared_ptr<transport::mux::Link>>& links() const { return links_; }
 
   // Connects every pair now: dials every lower rank from the calling thread and waits
-  // until every higher rank dialed this one. Throws the first failure (NetworkError
+  // until every higher rank dialed this one (one that has not within a second, say one
+  // that connects lazily, is dialed from here). Throws the first failure (NetworkError
   // naming the peer and its address, InvalidArgument for ranks with incompatible
   // transports) or, at deadline, NetworkError naming the ranks that did not connect.
   void connectEagerly(const Phase& phase);

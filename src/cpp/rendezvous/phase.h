@@ -5,7 +5,7 @@
 
 #include "common/socket.h"
 
-// What the parts of one connection phase (connectFullMesh) share besides the records:
+// What the parts of one connection phase (connectMesh) share besides the records:
 // this rank, the world size and the phase's clock.
 namespace ringtree::rendezvous {
 
