@@ -276,14 +276,14 @@ void PeerConnector::dialPeer(int peer, const Phase& phase, bool rendezvous) {
 }
 
 void PeerConnector::checkAwaiting() {
-  std::vector<int> awaiting;
+  std::vector<std::pair<int, net::Deadline>> awaiting;  // with the deadline of its wait
   std::vector<int> again;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     const auto now = Clock::now();
     for (int peer = 0; peer < size_; ++peer) {
       if (states_[static_cast<size_t>(peer)] != State::kAwaiting) continue;
-      awaiting.push_back(peer);
+      awaiting.emplace_back(peer, awaitUntil_[static_cast<size_t>(peer)]);
       // Still not dialed by the peer that declined: dial it again, which finds out whether
       // it still dials this rank (declined again), gave up, or closed (refused).
       if (now - awaitSince_[static_cast<size_t>(peer)] >= kListenerGrace &&
@@ -295,7 +295,7 @@ void PeerConnector::checkAwaiting() {
     }
   }
   if (!again.empty()) changed_.notify_all();
-  for (const int peer : awaiting) {
+  for (const auto& [peer, until] : awaiting) {
     if (std::find(again.begin(), again.end(), peer) != again.end()) continue;
     if (peerGone(peer)) {
       fail(peer,
@@ -303,7 +303,7 @@ void PeerConnector::checkAwaiting() {
                                                                   " waits for the connection of " +
                                                                   describe(peer, false) + ", which has exited")),
            State::kAwaiting);
-    } else if (Clock::now() >= awaitUntil_[static_cast<size_t>(peer)]) {
+    } else if (Clock::now() >= until) {
       fail(peer,
            std::make_exception_ptr(transport::PeerError(
                peer, "rank " + std::to_string(rank_) + ": " + describe(peer, false) +
