@@ -7,7 +7,6 @@
 #include <ringtree/error.h>
 
 #include "common/logging.h"
-#include "common/process_identity.h"
 #include "common/socket.h"
 #include "common/text.h"
 #include "transport/shm/unix_socket.h"
@@ -140,8 +139,7 @@ std::shared_ptr<arena::NodeArena> receiveArena(const ArenaSetup& setup) {
   if (io.ok()) io = transport::shm::recvWithDescriptor(socket.fd(), &grant, sizeof(grant), phase.deadline, &ancillary);
   if (!io.ok()) throw NetworkError(self + ": receiving the node arena from " + peer + " failed: " + io.describe());
   if (grant.magic == kArenaGrantMagic && grant.size == kLateRequest) {
-    throw NetworkError(self + " cannot join the node arena of rank 0 (host '" + root.process.hostname + "', " +
-                       describeLocalProcess(root.process.pid) + "): that process finished its rendezvous before " +
+    throw NetworkError(self + " cannot join the node arena of rank 0 (" + describeLiveRecord(root) + "): that process finished its rendezvous before " +
                        "this one started, so its record is from an earlier job whose processes linger (a relaunch " +
                        "on the same MASTER_ADDR:MASTER_PORT or store?). Stop pid " +
                        std::to_string(root.process.pid) + " or give this job a store of its own");

@@ -161,13 +161,6 @@ class MeshBuilder {
                      std::to_string(previous.process.pid) + " or give this job a store of its own");
   }
 
-  // "host 'vm', pid 1234 ('python train.py', running for 35 s), tcp 10.0.0.2:41234": a
-  // record of a process that runs on this host.
-  static std::string describeLiveRecord(const PeerRecord& r) {
-    return "host '" + r.process.hostname + "', " + describeLocalProcess(r.process.pid) + ", tcp " +
-           net::formatHostPort(r.tcpHost, r.tcpPort);
-  }
-
   void readRecords() {
     std::vector<std::string> keys;
     std::vector<int> ranks;

@@ -191,9 +191,8 @@ bool PeerConnector::reloadRecord(int peer) {
 void PeerConnector::throwListenerClosed(int peer, int error) const {
   const PeerRecord there = record(peer);
   throwIfPeerExited(peer, "cannot connect (" + net::errnoText(error) + ") to", kExitSettle);
-  throw NetworkError("rank " + std::to_string(rank_) + " cannot connect to rank " + std::to_string(peer) + " (host '" +
-                     there.process.hostname + "', " + describeLocalProcess(there.process.pid) + ", tcp " +
-                     net::formatHostPort(there.tcpHost, there.tcpPort) + "): nothing listens at the address it " +
+  throw NetworkError("rank " + std::to_string(rank_) + " cannot connect to rank " + std::to_string(peer) + " (" +
+                     describeLiveRecord(there) + "): nothing listens at the address it " +
                      "published, though its process still runs, so its connection phase is over: the record is from " +
                      "an earlier job whose processes linger (a relaunch on the same MASTER_ADDR:MASTER_PORT or " +
                      "store?), or rank " + std::to_string(peer) + " gave up this rendezvous. Stop pid " +
@@ -450,9 +449,8 @@ bool PeerConnector::accepted(int peer, const Hello& reply, const Hello& mine, co
     if (states_[static_cast<size_t>(peer)] != State::kDialing) return false;
   }
   const PeerRecord there = record(peer);
-  throw NetworkError("rank " + std::to_string(rank_) + " cannot connect to rank " + std::to_string(peer) + " (host '" +
-                     there.process.hostname + "', " + describeLocalProcess(there.process.pid) +
-                     "): it has a connection to a rank " + std::to_string(rank_) + " already, so its record is " +
+  throw NetworkError("rank " + std::to_string(rank_) + " cannot connect to rank " + std::to_string(peer) + " (" +
+                     describeLiveRecord(there) + "): it has a connection to a rank " + std::to_string(rank_) + " already, so its record is " +
                      "from a rendezvous that ended before this one: an earlier job whose processes linger (a relaunch " +
                      "on the same MASTER_ADDR:MASTER_PORT or store?). Stop pid " + std::to_string(there.process.pid) +
                      " or give this job a store of its own");

@@ -102,6 +102,11 @@ bool decodeRecord(const Bytes& in, PeerRecord* r) {
   return true;
 }
 
+std::string describeLiveRecord(const PeerRecord& r) {
+  return "host '" + r.process.hostname + "', " + describeLocalProcess(r.process.pid) + ", tcp " +
+         net::formatHostPort(r.tcpHost, r.tcpPort);
+}
+
 std::string describePeer(int rank, const PeerRecord& r, bool shm) {
   return "rank " + std::to_string(rank) + " (" + describeProcess(r.process) + ", " +
          (shm ? std::string("shm") : "tcp " + net::formatHostPort(r.tcpHost, r.tcpPort)) + ")";

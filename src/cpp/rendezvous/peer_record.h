@@ -46,6 +46,11 @@ bool decodeRecord(const Bytes& in, PeerRecord* record);
 // connection phase and the pairs name a peer in errors.
 std::string describePeer(int rank, const PeerRecord& record, bool shm);
 
+// "host 'vm', pid 1234 ('python train.py', running for 35 s), tcp 10.0.0.2:41234": a
+// record of a process that runs on this host, for errors that name a live process
+// (an earlier job's that lingers).
+std::string describeLiveRecord(const PeerRecord& record);
+
 // Agrees on the communicator's nonce: offers a random one under "rt/comm/nonce" (the
 // first writer wins) and returns the one stored there. Throws NetworkError when the
 // kernel gives no random bytes, StoreError when the stored value is no nonce (a key of
