@@ -10,9 +10,10 @@ object collectives' lists).
 A rank that is not a member of a group holds ``NON_GROUP_MEMBER`` where members hold the
 group (new_group's return value); collectives given it warn and do nothing.
 
-The hot calls (all_reduce, broadcast, reduce, barrier, send, recv, isend, irecv with
-``group=None``) read ``world.default_pg`` themselves and call :func:`default_group` only
-for its error: one more Python call is a few percent of a small collective.
+The hot calls (all_reduce, broadcast, reduce, barrier, all_gather_single,
+reduce_scatter_single, all_to_all_single, send, recv, isend, irecv with ``group=None``)
+read ``world.default_pg`` themselves and call :func:`default_group` only for its error:
+one more Python call is a few percent of a small collective.
 """
 
 from __future__ import annotations

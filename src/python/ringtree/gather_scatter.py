@@ -16,7 +16,8 @@ from typing import Any
 
 from ._C import Work
 from ._reduce_op import ReduceOp
-from ._resolve import member_group, resolve_root
+from ._resolve import default_group, member_group, resolve_root
+from ._world import world
 from .process_group import ProcessGroup
 
 __all__ = [
@@ -97,8 +98,10 @@ def all_gather_single(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = member_group(group, "all_gather_single")
+    pg = world.default_pg if group is None else member_group(group, "all_gather_single")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     return pg.engine.allgather_single(output_tensor, input_tensor, async_op, algorithm)
 
@@ -262,8 +265,10 @@ def reduce_scatter_single(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = member_group(group, "reduce_scatter_single")
+    pg = world.default_pg if group is None else member_group(group, "reduce_scatter_single")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     return pg.engine.reduce_scatter_single(output, input, op, async_op, algorithm)
 
@@ -363,7 +368,9 @@ def all_to_all_single(
         Async work handle, if async_op is set to True.
         None, if not async_op or if not part of the group.
     """
-    pg = member_group(group, "all_to_all_single")
+    pg = world.default_pg if group is None else member_group(group, "all_to_all_single")
     if pg is None:
+        if group is None:
+            default_group()  # raises: there is no default group
         return None
     return pg.engine.alltoall_single(output, input, output_split_sizes, input_split_sizes, async_op, algorithm)
