@@ -4,10 +4,14 @@
 # with find_package and once with add_subdirectory, and runs every build with --nproc 3 and
 # under `ringtree-run --no-python` (skipped only when ringtree-run is not installed). For
 # the shared library it also checks that only ringtree:: symbols are exported.
-# Everything happens in one temporary directory, removed on exit.
+# Everything happens in one temporary directory, removed on exit. RINGTREE_CONSUMER_STATIC_BUILD
+# names a build tree of the static library already built from this source (tests/run_all.sh
+# passes its test build): the static variant installs from it instead of building again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 jobs=${RINGTREE_CHECK_JOBS:-2}
+static_build=${RINGTREE_CONSUMER_STATIC_BUILD:-}
+[[ -z $static_build ]] || static_build=$(cd "$static_build" && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ringtree-consumer.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
@@ -27,12 +31,18 @@ run_example() {
 for variant in static shared; do
   shared=OFF
   [[ $variant == shared ]] && shared=ON
-  step "$variant: build and install ringtree"
-  cmake -S "$root" -B "$tmp/build-$variant" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=$shared -DRINGTREE_BUILD_TESTS=OFF -DRINGTREE_BUILD_BENCHMARKS=OFF \
-    -DRINGTREE_BUILD_PYTHON=OFF >/dev/null
-  cmake --build "$tmp/build-$variant" -j "$jobs" >/dev/null
-  cmake --install "$tmp/build-$variant" --prefix "$tmp/prefix-$variant" >/dev/null
+  build=$tmp/build-$variant
+  if [[ $variant == static && -n $static_build ]]; then
+    step "static: install ringtree from $static_build"
+    build=$static_build
+  else
+    step "$variant: build and install ringtree"
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=$shared -DRINGTREE_BUILD_TESTS=OFF -DRINGTREE_BUILD_BENCHMARKS=OFF \
+      -DRINGTREE_BUILD_PYTHON=OFF >/dev/null
+    cmake --build "$build" -j "$jobs" >/dev/null
+  fi
+  cmake --install "$build" --prefix "$tmp/prefix-$variant" >/dev/null
   cfg=$tmp/prefix-$variant/lib/cmake/ringtree
   for f in ringtreeConfig.cmake ringtreeConfigVersion.cmake ringtreeTargets.cmake; do
     [[ -f $cfg/$f ]] || { echo "check_consumer: $cfg/$f was not installed" >&2; exit 1; }
