@@ -1,11 +1,15 @@
 #include "backends/cpu_backend.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <utility>
 
 #include <ringtree/collectives.h>
 #include <ringtree/error.h>
 
+#include "common/inline_array.h"
+#include "common/validation.h"
 #include "communicator_impl.h"
 
 namespace ringtree::detail {
@@ -13,30 +17,47 @@ namespace ringtree::detail {
 namespace {
 
 // The data pointers and element counts of `buffers`, as the collectives of
-// <ringtree/collectives.h> take per-rank buffers.
+// <ringtree/collectives.h> take per-rank buffers (on the stack up to InlineArray's size).
 struct Arrays {
-  explicit Arrays(const std::vector<BufferView>& buffers) {
-    data.reserve(buffers.size());
-    counts.reserve(buffers.size());
-    for (const BufferView& buffer : buffers) {
-      data.push_back(buffer.data);
-      counts.push_back(buffer.count);
+  explicit Arrays(const std::vector<BufferView>& buffers) : data(buffers.size()), counts(buffers.size()) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      data[i] = buffers[i].data;
+      counts[i] = buffers[i].count;
     }
   }
   // Row-major concatenation of lists[0], lists[1], ... (allgatherCoalesced's outputs).
-  explicit Arrays(const std::vector<std::vector<BufferView>>& lists) {
+  explicit Arrays(const std::vector<std::vector<BufferView>>& lists) : data(total(lists)), counts(data.size()) {
+    size_t i = 0;
     for (const std::vector<BufferView>& list : lists) {
       for (const BufferView& buffer : list) {
-        data.push_back(buffer.data);
-        counts.push_back(buffer.count);
+        data[i] = buffer.data;
+        counts[i++] = buffer.count;
       }
     }
   }
+  // `parts` consecutive parts of `whole` with counts[0 .. parts) elements: the ranks' parts
+  // of a single-tensor call, set by the caller.
+  explicit Arrays(size_t parts) : data(parts), counts(parts) {}
+  void cut(const BufferView& whole) {
+    auto* cursor = static_cast<std::byte*>(whole.data);
+    for (size_t i = 0; i < data.size(); ++i) {
+      data[i] = cursor;
+      cursor += counts[i] * elementSize(whole.type);
+    }
+  }
+
   const void* const* inputs() const { return data.data(); }
   void* const* outputs() const { return data.data(); }
 
-  std::vector<void*> data;
-  std::vector<size_t> counts;
+  InlineArray<void*> data;
+  InlineArray<size_t> counts;
+
+ private:
+  static size_t total(const std::vector<std::vector<BufferView>>& lists) {
+    size_t count = 0;
+    for (const auto& list : lists) count += list.size();
+    return count;
+  }
 };
 
 // The bytes of the buffers among a call's arguments (options count nothing).
@@ -142,6 +163,23 @@ std::shared_ptr<Work> CpuBackend::allgather(const std::vector<BufferView>& tenso
       tensorList, tensor, options);
 }
 
+// The synchronous single-tensor calls cut their tensors into the ranks' parts on the
+// stack; DeviceBackend's general form (vectors of views, then arrays) stays for the
+// asynchronous ones, whose operation outlives the call.
+std::shared_ptr<Work> CpuBackend::allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor,
+                                                  const AllgatherOptions& options, const Submission& submission) {
+  if (submission.async) return DeviceBackend::allgatherSingle(outputTensor, inputTensor, options, submission);
+  Arrays outputs(static_cast<size_t>(size()));
+  std::fill(outputs.counts.data(), outputs.counts.data() + size(), inputTensor.count);
+  outputs.cut(outputTensor);
+  auto operation = [&] {
+    ringtree::allgather(*collectives_, inputTensor.data, outputs.outputs(), outputs.counts.data(), inputTensor.type,
+                        options);
+  };
+  queue_->runSync("all_gather", operation);
+  return nullptr;
+}
+
 std::shared_ptr<Work> CpuBackend::allgatherCoalesced(const std::vector<std::vector<BufferView>>& outputTensorLists,
                                                      const std::vector<BufferView>& inputTensorList,
                                                      const AllgatherOptions& options, const Submission& submission) {
@@ -192,6 +230,20 @@ std::shared_ptr<Work> CpuBackend::reduceScatter(const BufferView& output, const 
       output, inputList, options);
 }
 
+std::shared_ptr<Work> CpuBackend::reduceScatterSingle(const BufferView& output, const BufferView& input,
+                                                      const ReduceScatterOptions& options,
+                                                      const Submission& submission) {
+  if (submission.async) return DeviceBackend::reduceScatterSingle(output, input, options, submission);
+  Arrays inputs(static_cast<size_t>(size()));
+  std::fill(inputs.counts.data(), inputs.counts.data() + size(), output.count);
+  inputs.cut(input);
+  auto operation = [&] {
+    ringtree::reduceScatter(*collectives_, inputs.inputs(), output.data, inputs.counts.data(), output.type, options);
+  };
+  queue_->runSync("reduce_scatter", operation);
+  return nullptr;
+}
+
 std::shared_ptr<Work> CpuBackend::reduceScatterSingleCoalesced(const std::vector<BufferView>& outputs,
                                                                const std::vector<BufferView>& inputs,
                                                                const ReduceScatterOptions& options,
@@ -223,6 +275,28 @@ std::shared_ptr<Work> CpuBackend::alltoall(const std::vector<BufferView>& output
                            type, o);
       },
       outputTensorList, inputTensorList, options);
+}
+
+std::shared_ptr<Work> CpuBackend::alltoallSingle(const BufferView& output, const BufferView& input,
+                                                 const std::vector<int64_t>& outputSplitSizes,
+                                                 const std::vector<int64_t>& inputSplitSizes,
+                                                 const AlltoallOptions& options, const Submission& submission) {
+  if (submission.async) {
+    return DeviceBackend::alltoallSingle(output, input, outputSplitSizes, inputSplitSizes, options, submission);
+  }
+  const char* op = "all_to_all_single";
+  Arrays outputs(static_cast<size_t>(size()));
+  Arrays inputs(static_cast<size_t>(size()));
+  validation::splitCountsInto(op, output, outputSplitSizes, size(), "output", outputs.counts.data());
+  validation::splitCountsInto(op, input, inputSplitSizes, size(), "input", inputs.counts.data());
+  outputs.cut(output);
+  inputs.cut(input);
+  auto operation = [&] {
+    ringtree::alltoall(*collectives_, inputs.inputs(), inputs.counts.data(), outputs.outputs(), outputs.counts.data(),
+                       output.type, options);
+  };
+  queue_->runSync("all_to_all", operation);
+  return nullptr;
 }
 
 std::shared_ptr<Work> CpuBackend::barrier(const BarrierOptions& options, const Submission& submission) {

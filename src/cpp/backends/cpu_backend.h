@@ -39,6 +39,8 @@ class CpuBackend final : public DeviceBackend {
                                const Submission& submission) override;
   std::shared_ptr<Work> allgather(const std::vector<BufferView>& tensorList, const BufferView& tensor,
                                   const AllgatherOptions& options, const Submission& submission) override;
+  std::shared_ptr<Work> allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor,
+                                        const AllgatherOptions& options, const Submission& submission) override;
   std::shared_ptr<Work> allgatherCoalesced(const std::vector<std::vector<BufferView>>& outputTensorLists,
                                            const std::vector<BufferView>& inputTensorList,
                                            const AllgatherOptions& options, const Submission& submission) override;
@@ -48,6 +50,9 @@ class CpuBackend final : public DeviceBackend {
                                 const ScatterOptions& options, const Submission& submission) override;
   std::shared_ptr<Work> reduceScatter(const BufferView& output, const std::vector<BufferView>& inputList,
                                       const ReduceScatterOptions& options, const Submission& submission) override;
+  std::shared_ptr<Work> reduceScatterSingle(const BufferView& output, const BufferView& input,
+                                            const ReduceScatterOptions& options,
+                                            const Submission& submission) override;
   std::shared_ptr<Work> reduceScatterSingleCoalesced(const std::vector<BufferView>& outputs,
                                                      const std::vector<BufferView>& inputs,
                                                      const ReduceScatterOptions& options,
@@ -55,6 +60,10 @@ class CpuBackend final : public DeviceBackend {
   std::shared_ptr<Work> alltoall(const std::vector<BufferView>& outputTensorList,
                                  const std::vector<BufferView>& inputTensorList, const AlltoallOptions& options,
                                  const Submission& submission) override;
+  std::shared_ptr<Work> alltoallSingle(const BufferView& output, const BufferView& input,
+                                       const std::vector<int64_t>& outputSplitSizes,
+                                       const std::vector<int64_t>& inputSplitSizes, const AlltoallOptions& options,
+                                       const Submission& submission) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options, const Submission& submission) override;
 
   void send(const BufferView& tensor, int dst, int tag) override;

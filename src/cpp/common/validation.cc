@@ -1,10 +1,13 @@
 #include "common/validation.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 
 #include <ringtree/error.h>
+
+#include "common/inline_array.h"
 
 namespace ringtree::validation {
 
@@ -456,8 +459,9 @@ Device checkAlltoallSingle(const Group& group, const BufferView& output, const B
   if (overlaps(input.data, input.count * elementBytes, output.data, output.count * elementBytes)) {
     throw InvalidArgument(std::string(call.op()) + ": input and output must not overlap");
   }
-  splitCounts(call.op(), output, outputSplitSizes, group.size, "output");
-  splitCounts(call.op(), input, inputSplitSizes, group.size, "input");
+  InlineArray<size_t> counts(static_cast<size_t>(group.size));  // checked only
+  splitCountsInto(call.op(), output, outputSplitSizes, group.size, "output", counts.data());
+  splitCountsInto(call.op(), input, inputSplitSizes, group.size, "input", counts.data());
   checkTimeout(call.op(), options.timeout);
   return call.device();
 }
@@ -480,28 +484,29 @@ Device checkRecv(const Group& group, const char* op, const BufferView& tensor, i
   return call.device();
 }
 
-std::vector<size_t> splitCounts(const char* op, const BufferView& buffer, const std::vector<int64_t>& splitSizes,
-                                int size, const char* name) {
-  const std::string prefix = std::string(op) + ": ";
+void splitCountsInto(const char* op, const BufferView& buffer, const std::vector<int64_t>& splitSizes, int size,
+                     const char* name, size_t* counts) {
+  const auto prefix = [op] { return std::string(op) + ": "; };  // made only for an error
   const size_t rows = buffer.leadingRows();
   const size_t rowElements = rows > 0 ? buffer.count / rows : 0;
   if (splitSizes.empty()) {
     if (rows % static_cast<size_t>(size) != 0) {
-      throw InvalidArgument(prefix + name + "'s dim 0 (" + std::to_string(rows) +
+      throw InvalidArgument(prefix() + name + "'s dim 0 (" + std::to_string(rows) +
                             ") does not divide equally across the group's " + std::to_string(size) + " ranks; pass " +
                             name + "_split_sizes");
     }
-    return std::vector<size_t>(static_cast<size_t>(size), rows / static_cast<size_t>(size) * rowElements);
+    std::fill(counts, counts + size, rows / static_cast<size_t>(size) * rowElements);
+    return;
   }
   if (splitSizes.size() != static_cast<size_t>(size)) {
-    throw InvalidArgument(prefix + name + "_split_sizes must hold one size per rank of the group (" +
+    throw InvalidArgument(prefix() + name + "_split_sizes must hold one size per rank of the group (" +
                           std::to_string(size) + "), got " + std::to_string(splitSizes.size()));
   }
   uint64_t total = 0;
   bool wraps = false;
   for (size_t r = 0; r < splitSizes.size(); ++r) {
     if (splitSizes[r] < 0) {
-      throw InvalidArgument(prefix + name + "_split_sizes must be non-negative, got " +
+      throw InvalidArgument(prefix() + name + "_split_sizes must be non-negative, got " +
                             std::to_string(splitSizes[r]) + " at index " + std::to_string(r));
     }
     const auto splitRows = static_cast<uint64_t>(splitSizes[r]);
@@ -509,13 +514,17 @@ std::vector<size_t> splitCounts(const char* op, const BufferView& buffer, const 
     total += splitRows;
   }
   if (wraps || total != rows) {
-    throw InvalidArgument(prefix + name + "_split_sizes add up to " +
+    throw InvalidArgument(prefix() + name + "_split_sizes add up to " +
                           (wraps ? "more than 2^64" : std::to_string(total)) + " but " + name + "'s dim 0 is " +
                           std::to_string(rows) + " (split sizes don't match the total dim 0 size)");
   }
-  std::vector<size_t> counts;
-  counts.reserve(splitSizes.size());
-  for (int64_t splitRows : splitSizes) counts.push_back(static_cast<size_t>(splitRows) * rowElements);
+  for (size_t r = 0; r < splitSizes.size(); ++r) counts[r] = static_cast<size_t>(splitSizes[r]) * rowElements;
+}
+
+std::vector<size_t> splitCounts(const char* op, const BufferView& buffer, const std::vector<int64_t>& splitSizes,
+                                int size, const char* name) {
+  std::vector<size_t> counts(static_cast<size_t>(size));
+  splitCountsInto(op, buffer, splitSizes, size, name, counts.data());
   return counts;
 }
 

@@ -114,6 +114,9 @@ Device checkRecv(const Group& group, const char* op, const BufferView& tensor, i
 // not add up to the buffer's rows, and for rows that do not divide equally.
 std::vector<size_t> splitCounts(const char* op, const BufferView& buffer, const std::vector<int64_t>& splitSizes,
                                 int size, const char* name);
+// The same into counts[0 .. size), for a caller that keeps them on its stack.
+void splitCountsInto(const char* op, const BufferView& buffer, const std::vector<int64_t>& splitSizes, int size,
+                     const char* name, size_t* counts);
 
 // "3 elements", "1 element".
 std::string elementsText(size_t count);
