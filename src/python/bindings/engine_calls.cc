@@ -5,11 +5,11 @@
 #include <climits>
 #include <cstddef>
 #include <optional>
-#include <vector>
 
 #include <ringtree/process_group.h>
 
 #include "errors.h"
+#include "fast_methods.h"
 #include "process_group_calls.h"
 
 namespace py = pybind11;
@@ -21,7 +21,8 @@ namespace py = pybind11;
 // the positional call the fronts make (async_op an exact bool, ranks and tags exact ints,
 // no timeout: barrier's None, the collectives' left out) straight to the same conversions (process_group_calls.h), and
 // hand every other call (keywords, other argument types, a timeout) to the pybind11 method
-// they replaced, which converts or refuses it as before. Behaviour is the same either way.
+// they replaced, which converts or refuses it as before (fast_methods.h). Behaviour is the
+// same either way.
 namespace ringtree::python {
 
 namespace {
@@ -35,23 +36,12 @@ constexpr std::array<const char*, kNumMethods> kNames = {
     "allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single", "barrier",
     "send", "recv", "isend", "irecv"};
 
-// The pybind11 methods replaced (instancemethods over the bound functions), one reference
-// each for the module's life.
+// The pybind11 methods replaced, one reference each for the module's life.
 std::array<PyObject*, kNumMethods> pybindMethods{};
 
 // The pybind11 method of `method` called as self.method(*args, **kwargs).
 PyObject* slowly(Method method, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  const Py_ssize_t total = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
-  std::array<PyObject*, 12> small{};
-  std::vector<PyObject*> large;
-  PyObject** call = small.data();
-  if (static_cast<size_t>(total) + 1 > small.size()) {
-    large.resize(static_cast<size_t>(total) + 1);
-    call = large.data();
-  }
-  call[0] = self;
-  for (Py_ssize_t index = 0; index < total; ++index) call[index + 1] = args[index];
-  return PyObject_Vectorcall(pybindMethods[method], call, static_cast<size_t>(nargs) + 1, kwnames);
+  return callReplaced(pybindMethods[method], self, args, nargs, kwnames);
 }
 
 // Whether the call is positional with `low` to `high` arguments.
@@ -75,14 +65,7 @@ bool exactInt(PyObject* object, int* value) {
   return true;
 }
 
-// The ProcessGroup of `self`, an instance of the bound class (the descriptor checked its
-// type): the value of its one holder, read without pybind11's type-registry search.
-ProcessGroup& groupOf(PyObject* self) {
-  auto* instance = reinterpret_cast<py::detail::instance*>(self);
-  void* value = instance->get_value_and_holder().value_ptr();
-  if (value == nullptr) throw py::type_error("ProcessGroup: the object was not initialized");
-  return *static_cast<ProcessGroup*>(value);
-}
+ProcessGroup& groupOf(PyObject* self) { return boundValue<ProcessGroup>(self); }
 
 // The optional trailing algorithm argument at `index`.
 PyObject* algorithmAt(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t index) {
@@ -235,30 +218,15 @@ PyObject* irecv(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObjec
   }
 }
 
-using Function = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*);
-
-constexpr std::array<Function, kNumMethods> kFunctions = {
+constexpr std::array<FastMethod, kNumMethods> kFunctions = {
     &allreduce, &broadcast, &reduce, &allgatherSingle, &reduceScatterSingle, &alltoallSingle, &barrier,
     &send, &recv, &isend, &irecv};
-
-// The method definitions (names and the replaced methods' docstrings), alive for the
-// module's life as the descriptors require.
-std::array<PyMethodDef, kNumMethods> definitions{};
-std::array<std::string, kNumMethods> docstrings;
 
 }  // namespace
 
 void installEngineCalls(py::handle type) {
-  auto* typeObject = reinterpret_cast<PyTypeObject*>(type.ptr());
   for (size_t method = 0; method < kNumMethods; ++method) {
-    py::object original = type.attr("__dict__")[kNames[method]];
-    pybindMethods[method] = original.inc_ref().ptr();
-    docstrings[method] = py::str(original.attr("__doc__"));
-    definitions[method] = {kNames[method], reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(kFunctions[method])),
-                           METH_FASTCALL | METH_KEYWORDS, docstrings[method].c_str()};
-    py::object descriptor = py::reinterpret_steal<py::object>(PyDescr_NewMethod(typeObject, &definitions[method]));
-    if (!descriptor) throw py::error_already_set();
-    type.attr(kNames[method]) = descriptor;
+    pybindMethods[method] = replaceWithFastMethod(type, kNames[method], kFunctions[method]);
   }
 }
 

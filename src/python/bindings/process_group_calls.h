@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <optional>
+#include <vector>
 
 #include <ringtree/process_group.h>
 
@@ -12,12 +13,19 @@
 // op/algorithm/split sizes, runs the synchronous call with the GIL released (returns None,
 // or recv's sender) or submits the asynchronous one (returns its Work, see work.h). Every
 // check of the arguments themselves is ProcessGroup's. Both entries use them: the pybind11
-// methods (process_group.cc) and the vectorcall methods of _EngineCalls (engine_calls.cc).
+// methods (process_group.cc) and the vectorcall methods (engine_calls.cc); implemented in
+// process_group_calls.cc.
 // The collectives' `timeout` is the call's deadline (none: the group's timeout; a zero one
 // is refused). GIL held on entry; C++ exceptions propagate.
 namespace ringtree::python::calls {
 
 using Timeout = std::optional<std::chrono::microseconds>;
+
+// A timedelta as the milliseconds of a deadline, rounded up so that a positive timeout
+// never becomes "none" (0). Negative ones stay negative, for the core to refuse.
+inline std::chrono::milliseconds toMilliseconds(std::chrono::microseconds timeout) {
+  return std::chrono::ceil<std::chrono::milliseconds>(timeout);
+}
 
 pybind11::object allreduce(ProcessGroup& group, pybind11::handle tensor, pybind11::handle op, bool asyncOp,
                            pybind11::handle algorithm, const Timeout& timeout);
@@ -56,5 +64,7 @@ void send(ProcessGroup& group, pybind11::handle tensor, int dst, int tag);
 int recv(ProcessGroup& group, pybind11::handle tensor, int src, int tag);
 pybind11::object isend(ProcessGroup& group, pybind11::handle tensor, int dst, int tag);
 pybind11::object irecv(ProcessGroup& group, pybind11::handle tensor, int src, int tag);
+// ops: (is_send, tensor, peer, tag) tuples, posted together; one Work each.
+pybind11::list batchIsendIrecv(ProcessGroup& group, const std::vector<pybind11::tuple>& ops);
 
 }  // namespace ringtree::python::calls

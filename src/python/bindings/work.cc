@@ -11,6 +11,7 @@
 
 #include "buffers.h"
 #include "errors.h"
+#include "fast_methods.h"
 
 namespace py = pybind11;
 
@@ -40,10 +41,19 @@ struct HeldOffThread {
     callback = py::object();
   }
 
-  py::object outputs;   // a list: the tensors the operation writes
-  py::object future;    // the torch.futures.Future of get_future(), once made
-  py::object callback;  // a done callback waiting to run
+  py::object outputs;      // a list of the tensors the operation writes, or the one tensor
+  bool oneTensor = false;  // outputs is the one tensor
+  py::object future;       // the torch.futures.Future of get_future(), once made
+  py::object callback;     // a done callback waiting to run
 };
+
+// A new list of the tensors the operation writes. GIL held.
+py::list outputList(const HeldOffThread& state) {
+  if (!state.oneTensor) return py::list(state.outputs);
+  py::list list;
+  list.append(state.outputs);
+  return list;
+}
 
 // The Work's Python state (Work::attachment), made on first need. GIL held.
 std::shared_ptr<HeldOffThread> stateOf(Work& work) {
@@ -78,7 +88,7 @@ py::list result(Work& work) {
     throw std::runtime_error(
         "Work needs to be completed before calling result(). Should call wait() before result().");
   }
-  return py::list(stateOf(work)->outputs);
+  return outputList(*stateOf(work));
 }
 
 // torch's Work.get_future(): a torch.futures.Future that the thread finishing the
@@ -96,7 +106,7 @@ py::object getFuture(Work& work) {
   }
   py::object future = futureType();
   state->future = future;
-  py::list outputs(state->outputs);
+  py::list outputs = outputList(*state);
   py::object setResult = future.attr("set_result");
   py::object setException = future.attr("set_exception");
   addDoneCallback(work, py::cpp_function([setResult, setException, outputs](py::object error) {
@@ -109,11 +119,40 @@ py::object getFuture(Work& work) {
   return future;
 }
 
+// The pybind11 wait method that fastWait replaced.
+PyObject* pybindWait = nullptr;
+
+// Work.wait() without arguments, the caller that waits at once, as a vectorcall method:
+// pybind11's dispatch (the timeout's loader and default, the call guard) is left out of
+// every isend/irecv/async call + wait. A call with a timeout goes to the pybind11 method.
+PyObject* fastWait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (nargs != 0 || kwnames != nullptr) return callReplaced(pybindWait, self, args, nargs, kwnames);
+  try {
+    Work& work = boundValue<Work>(self);
+    bool success = false;
+    {
+      py::gil_scoped_release release;
+      success = work.wait(std::chrono::milliseconds(0));
+    }
+    return PyBool_FromLong(success ? 1 : 0);
+  } catch (...) {
+    return raiseCurrentException();
+  }
+}
+
 }  // namespace
 
 py::object pythonWork(std::shared_ptr<Work> work, py::list outputs) {
   auto state = std::make_shared<HeldOffThread>();
   state->outputs = std::move(outputs);
+  work->setAttachment(std::move(state));
+  return py::cast(std::move(work));
+}
+
+py::object pythonWorkOn(std::shared_ptr<Work> work, py::handle tensor) {
+  auto state = std::make_shared<HeldOffThread>();
+  state->outputs = py::reinterpret_borrow<py::object>(tensor);
+  state->oneTensor = true;
   work->setAttachment(std::move(state));
   return py::cast(std::move(work));
 }
@@ -167,6 +206,7 @@ the work completed.)")
         const char* state = !work.isCompleted() ? "pending" : (work.isSuccess() ? "completed" : "failed");
         return std::string("<ringtree.Work ") + work.opName() + " " + state + ">";
       });
+  pybindWait = replaceWithFastMethod(m.attr("Work"), "wait", &fastWait);
 }
 
 }  // namespace ringtree::python

@@ -15,5 +15,8 @@ void initWork(pybind11::module_& m);
 // The Work of an asynchronous call as Python sees it: `outputs` (the tensors the operation
 // writes) attached for result() and get_future(). GIL held.
 pybind11::object pythonWork(std::shared_ptr<Work> work, pybind11::list outputs);
+// The same for an operation that writes (or sends) one tensor: result() is [tensor], a list
+// made only when asked for.
+pybind11::object pythonWorkOn(std::shared_ptr<Work> work, pybind11::handle tensor);
 
 }  // namespace ringtree::python
