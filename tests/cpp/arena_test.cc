@@ -102,6 +102,30 @@ TEST(NodeArena, PiecesRotateThroughTheSlot) {
   EXPECT_EQ(arena->reserve(8192), 4096U);
 }
 
+// With room for them, pieces of at most kSmallPieceBytes take turns over the slot's first
+// kSmallPieces pages, and larger ones rotate over the rest.
+TEST(NodeArena, SmallPiecesTakeTurnsOverTheFirstPages) {
+  constexpr size_t kPage = NodeArena::kPieceAlignment;
+  const auto arena = NodeArena::create(2, 96 * kPage);  // steps of 32 pages: room for 16 small ones
+  const size_t small = NodeArena::kSmallPieces * kPage;
+  for (size_t turn = 0; turn < 2 * NodeArena::kSmallPieces; ++turn) {
+    EXPECT_EQ(arena->reserve(turn % 2 == 0 ? 8 : NodeArena::kSmallPieceBytes), turn % NodeArena::kSmallPieces * kPage)
+        << turn;
+  }
+  EXPECT_EQ(arena->reserve(0), small);  // takes no room
+  EXPECT_EQ(arena->reserve(NodeArena::kSmallPieceBytes + 1), small);
+  EXPECT_EQ(arena->reserve(kPage + 1), small + kPage);
+  EXPECT_EQ(arena->reserve(8), 0U);  // small ones go on taking turns
+  EXPECT_EQ(arena->reserve(32 * kPage), small + 3 * kPage);
+  EXPECT_EQ(arena->reserve(32 * kPage), small + 35 * kPage);
+  EXPECT_EQ(arena->reserve(32 * kPage), small);  // would pass the end: back after the small pages
+  // A slot without room for them besides two of the largest steps places every piece in turn.
+  const auto tight = NodeArena::create(2, 40 * kPage);  // steps of 13 pages: 16 + 26 > 40
+  EXPECT_EQ(tight->reserve(2 * kPage), 0U);
+  EXPECT_EQ(tight->reserve(8), 2 * kPage);
+  EXPECT_EQ(tight->reserve(8), 3 * kPage);
+}
+
 TEST(NodeArena, ClaimNamesTheLastStepThatWroteThosePages) {
   const auto arena = NodeArena::create(2, 48 << 10);
   uint32_t previous = 0;

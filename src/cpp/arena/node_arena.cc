@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
 #include <utility>
@@ -120,7 +121,11 @@ NodeArena::NodeArena(Segment segment, int rank, int size, size_t slotBytes, size
       slotBytes_(slotBytes),
       slots_(segment_.data() + slotOffset),
       pageWritten_(slotBytes / kPieceAlignment),
-      pageStep_(slotBytes / kPieceAlignment) {}
+      pageStep_(slotBytes / kPieceAlignment) {
+  const size_t small = kSmallPieces * kPieceAlignment;
+  if (slotBytes_ >= small + 2 * maxStepBytes()) smallRegion_ = small;
+  cursor_ = smallRegion_;
+}
 
 NodeArena::~NodeArena() { block(rank_).departed.store(1, std::memory_order_release); }
 
@@ -144,7 +149,9 @@ std::shared_ptr<NodeArena> NodeArena::create(int size, size_t slotBytes, Prefaul
   for (int r = 0; r < size; ++r) {
     new (segment.data() + kControlOffset + static_cast<size_t>(r) * kControlBlockBytes) ControlBlock();
   }
-  return std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), 0, size, slotBytes, slotOffset));
+  auto arena = std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), 0, size, slotBytes, slotOffset));
+  if (prefault == Prefault::kYes) arena->warmSlot();
+  return arena;
 }
 
 std::shared_ptr<NodeArena> NodeArena::attach(net::Socket descriptor, int rank, int size, size_t slotBytes,
@@ -166,12 +173,24 @@ std::shared_ptr<NodeArena> NodeArena::attach(net::Socket descriptor, int rank, i
     throw NetworkError("the node arena segment does not hold an arena (version " + std::to_string(kArenaVersion) +
                        ") of " + std::to_string(size) + " slots of " + std::to_string(slotBytes) + " bytes");
   }
-  return std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), rank, size, slotBytes, slotOffset));
+  auto arena = std::shared_ptr<NodeArena>(new NodeArena(std::move(segment), rank, size, slotBytes, slotOffset));
+  if (prefault == Prefault::kYes) arena->warmSlot();
+  return arena;
+}
+
+void NodeArena::warmSlot() {
+  // Nobody reads the slot before this rank publishes a step; it holds zeros until then.
+  std::memset(data(rank_, 0), 0, slotBytes_);
 }
 
 size_t NodeArena::reserve(size_t bytes) {
   const size_t length = roundUp(bytes, kPieceAlignment);
-  if (cursor_ + length > slotBytes_) cursor_ = 0;
+  if (bytes > 0 && bytes <= kSmallPieceBytes && smallRegion_ > 0) {
+    const size_t offset = smallCursor_;
+    smallCursor_ = offset + kPieceAlignment == smallRegion_ ? 0 : offset + kPieceAlignment;
+    return offset;
+  }
+  if (cursor_ + length > slotBytes_) cursor_ = smallRegion_;
   const size_t offset = cursor_;
   cursor_ += length;
   return offset;
