@@ -428,6 +428,27 @@ TEST(ShmDirect, MessagesOfSeveralSlotsAreExact) {
   }
 }
 
+// A broadcast whose first piece wraps to the start of the slot's rotating pages right
+// after a piece that ended near their end: the two must not overlap (a root waiting there
+// for readers of the step before would wait for a step they publish only after reading
+// this one). Every length of a preceding piece that leaves the cursor near the end.
+TEST(ShmDirect, BroadcastAfterAPieceOfAnyLengthDoesNotWaitForItself) {
+  test::runCommunicators(2, [&](int rank, Communicator& comm) {
+    const size_t largest = comm.impl().arena()->maxStepBytes();
+    const size_t page = arena::NodeArena::kPieceAlignment;
+    std::vector<uint8_t> data(2 * largest);
+    BroadcastOptions o;
+    o.algorithm = Algorithm::kShmDirect;
+    for (size_t pages = largest / page - 24; pages <= largest / page; pages += 2) {
+      for (const size_t bytes : {pages * page, 2 * largest}) {
+        std::fill(data.begin(), data.end(), rank == 0 ? static_cast<uint8_t>(pages) : uint8_t{0});
+        broadcast(comm, data.data(), bytes, DataType::kUInt8, o);
+        ASSERT_EQ(data[bytes - 1], static_cast<uint8_t>(pages)) << bytes << " bytes after " << pages << " pages";
+      }
+    }
+  }, test::testOptions(TransportKind::kShm, std::chrono::seconds(5)));
+}
+
 // MIN/MAX pick between -0 and +0 by operand order: every part, whichever rank owns it,
 // must be folded in rank order (the other ops may be folded in either order).
 TEST(ShmDirect, MinAndMaxFoldInRankOrder) {

@@ -102,12 +102,15 @@ TEST(NodeArena, PiecesRotateThroughTheSlot) {
   EXPECT_EQ(arena->reserve(8192), 4096U);
 }
 
-// With room for them, pieces of at most kSmallPieceBytes take turns over the slot's first
-// kSmallPieces pages, and larger ones rotate over the rest.
+// In a slot of at least four times their room, pieces of at most kSmallPieceBytes take
+// turns over the slot's first kSmallPieces pages, and larger ones go round the rest, at
+// most a third of it each: a piece that wraps never lands on the one before it.
 TEST(NodeArena, SmallPiecesTakeTurnsOverTheFirstPages) {
   constexpr size_t kPage = NodeArena::kPieceAlignment;
-  const auto arena = NodeArena::create(2, 96 * kPage);  // steps of 32 pages: room for 16 small ones
+  const auto arena = NodeArena::create(2, 100 * kPage);
   const size_t small = NodeArena::kSmallPieces * kPage;
+  const size_t largest = arena->maxStepBytes();
+  ASSERT_EQ(largest, (100 * kPage - small) / 3 / kPage * kPage);  // 28 pages
   for (size_t turn = 0; turn < 2 * NodeArena::kSmallPieces; ++turn) {
     EXPECT_EQ(arena->reserve(turn % 2 == 0 ? 8 : NodeArena::kSmallPieceBytes), turn % NodeArena::kSmallPieces * kPage)
         << turn;
@@ -116,11 +119,17 @@ TEST(NodeArena, SmallPiecesTakeTurnsOverTheFirstPages) {
   EXPECT_EQ(arena->reserve(NodeArena::kSmallPieceBytes + 1), small);
   EXPECT_EQ(arena->reserve(kPage + 1), small + kPage);
   EXPECT_EQ(arena->reserve(8), 0U);  // small ones go on taking turns
-  EXPECT_EQ(arena->reserve(32 * kPage), small + 3 * kPage);
-  EXPECT_EQ(arena->reserve(32 * kPage), small + 35 * kPage);
-  EXPECT_EQ(arena->reserve(32 * kPage), small);  // would pass the end: back after the small pages
-  // A slot without room for them besides two of the largest steps places every piece in turn.
-  const auto tight = NodeArena::create(2, 40 * kPage);  // steps of 13 pages: 16 + 26 > 40
+  // Every placement of a largest piece after a piece of any size: the two never overlap.
+  for (size_t pages = 1; pages <= largest / kPage; ++pages) {
+    const size_t first = arena->reserve(pages * kPage);
+    const size_t second = arena->reserve(largest);
+    EXPECT_TRUE(second >= first + pages * kPage || second + largest <= first) << pages << " pages, then the largest";
+    EXPECT_GE(second, small);
+    EXPECT_LE(second + largest, arena->slotBytes());
+  }
+  // A slot under four times their room places every piece in turn.
+  const auto tight = NodeArena::create(2, 60 * kPage);
+  EXPECT_EQ(tight->maxStepBytes(), 20 * kPage);
   EXPECT_EQ(tight->reserve(2 * kPage), 0U);
   EXPECT_EQ(tight->reserve(8), 2 * kPage);
   EXPECT_EQ(tight->reserve(8), 3 * kPage);

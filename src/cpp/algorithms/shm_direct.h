@@ -30,7 +30,7 @@ namespace ringtree::algorithms {
 // +0 follows the order); it saves rank 1 a pass over its part. Up to a size measured per
 // world size the call is one-shot (each rank copies its buffer into its slot, then folds
 // every slot); above it, two-shot in steps of at most maxSegmentBytes (0: the arena's
-// largest step, 1.33 MiB by default): each rank folds one part of the step from every
+// largest step, 1.31 MiB by default): each rank folds one part of the step from every
 // slot, then copies the other parts from their owners.
 void shmDirectAllreduce(Call& call, void* buffer, size_t count, ReduceFn fn, bool commutative,
                         size_t maxSegmentBytes);

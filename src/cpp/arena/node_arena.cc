@@ -123,7 +123,7 @@ NodeArena::NodeArena(Segment segment, int rank, int size, size_t slotBytes, size
       pageWritten_(slotBytes / kPieceAlignment),
       pageStep_(slotBytes / kPieceAlignment) {
   const size_t small = kSmallPieces * kPieceAlignment;
-  if (slotBytes_ >= small + 2 * maxStepBytes()) smallRegion_ = small;
+  if (slotBytes_ >= 4 * small) smallRegion_ = small;
   cursor_ = smallRegion_;
 }
 

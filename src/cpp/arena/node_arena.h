@@ -47,10 +47,12 @@ namespace ringtree::arena {
 //    (past its small-piece pages): a writer rewrites lines only after a whole slot of
 //    other data, when the readers' caches have dropped them (rewriting lines a reader
 //    still holds costs 4-5x the write bandwidth on the project machine). A piece is at
-//    most a third of the slot, so a piece never overlaps the previous one (whose readers
-//    may still be at work). Pieces of at most kSmallPieceBytes take turns over the slot's
-//    first kSmallPieces pages instead (when the slot has room for them besides two of
-//    the largest pieces): a run of small calls keeps touching the same few pages, whose
+//    most a third of the pages it goes round (maxStepBytes()), so a piece that wraps to
+//    their start never overlaps the previous one (whose readers may still be at work; a
+//    writer waiting for them there could wait for a step they publish only after
+//    reading this one). Pieces of at most kSmallPieceBytes take turns over the slot's
+//    first kSmallPieces pages instead (in a slot of at least four times their size): a
+//    run of small calls keeps touching the same few pages, whose
 //    lines and TLB entries stay warm, instead of a new page each call (the first pass
 //    over a 4 MiB slot of new pages made each of the first ~2000 8 B calls ~0.5 us
 //    slower). Larger pieces gain nothing from it: at 4 KiB, rewriting lines the readers
@@ -75,7 +77,7 @@ namespace ringtree::arena {
 // thread-safe. Peers' words are only read, through atomics.
 class NodeArena {
  public:
-  // 4 MiB per rank: steps of up to 1.33 MiB. Slots of 2 to 8 MiB measured alike for 1 to
+  // 4 MiB per rank: steps of up to 1.31 MiB. Slots of 2 to 8 MiB measured alike for 1 to
   // 64 MiB allreduce and broadcast on the project machine (n=2: 7.6-8.1 GB/s busbw at
   // 64 MiB); more only costs memory (size x slotBytes, all pre-faulted).
   static constexpr size_t kDefaultSlotBytes = size_t{4} << 20;
@@ -116,8 +118,9 @@ class NodeArena {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
-  // The most one step may place: a third of the slot, in whole pages (see Placement).
-  size_t maxStepBytes() const { return slotBytes_ / 3 / kPieceAlignment * kPieceAlignment; }
+  // The most one step may place: a third of the pages larger pieces go round (the slot
+  // past its small-piece pages), in whole pages (see Placement).
+  size_t maxStepBytes() const { return (slotBytes_ - smallRegion_) / 3 / kPieceAlignment * kPieceAlignment; }
 
   // `rank`'s data at `offset` (from reserve()) in its slot; page-aligned.
   uint8_t* data(int rank, size_t offset) const { return slots_ + static_cast<size_t>(rank) * slotBytes_ + offset; }
@@ -178,8 +181,10 @@ class NodeArena {
 
   // Local bookkeeping for the algorithms (see the protocol above).
   // The offset, in every writer's slot, of the next piece of `bytes` (at most
-  // maxStepBytes()): the page boundary after the previous piece, or 0 when the piece
-  // would not fit before the end of the slot. A piece of 0 bytes takes no room.
+  // maxStepBytes()): for a small piece the next of the small-piece pages; otherwise the
+  // page boundary after the previous piece, or the first page past the small-piece pages
+  // when the piece would not fit before the end of the slot. A piece of 0 bytes takes no
+  // room.
   size_t reserve(size_t bytes);
   // Records that this rank writes its data of `step` at [offset, offset + bytes) of its
   // slot (a reserve()d piece). Returns false when nothing was written there before;
