@@ -47,7 +47,8 @@ struct HeldOffThread {
   py::object callback;     // a done callback waiting to run
 };
 
-// A new list of the tensors the operation writes. GIL held.
+// The tensors the operation writes as a list: the Work's own list, or a new [tensor] for
+// a one-tensor Work. GIL held.
 py::list outputList(const HeldOffThread& state) {
   if (!state.oneTensor) return py::list(state.outputs);
   py::list list;
