@@ -14,14 +14,28 @@ Work::Work(const char* opName, std::shared_ptr<void> keepAlive)
 
 Work::~Work() = default;
 
+std::shared_ptr<Work> Work::completed(const char* opName, std::exception_ptr error, int sourceRank) {
+  auto work = std::make_shared<Work>(opName);
+  // Nobody else sees it yet: no lock needed.
+  work->finishing_ = true;
+  work->exception_ = std::move(error);
+  work->sourceRank_ = sourceRank;
+  work->completed_.store(true, std::memory_order_release);
+  return work;
+}
+
 bool Work::wait(std::chrono::milliseconds timeout) {
+  if (completed_.load(std::memory_order_acquire)) {  // exception_ is final then
+    if (exception_) std::rethrow_exception(exception_);
+    return true;
+  }
   using Clock = std::chrono::steady_clock;
   const bool limited = timeout.count() > 0;
   const Clock::time_point deadline = limited ? Clock::now() + timeout : Clock::time_point::max();
   if (streamWait_ && !isCompleted() && streamWait_()) return true;
   if (progressDriver_ && !isCompleted()) progressDriver_(deadline);
   std::unique_lock<std::mutex> lock(mutex_);
-  auto done = [this] { return completed_; };
+  auto done = [this] { return completed_.load(std::memory_order_relaxed); };
   if (!limited) {
     completedCv_.wait(lock, done);
   } else if (!completedCv_.wait_until(lock, deadline, done)) {
@@ -38,15 +52,9 @@ void Work::setProgressDriver(ProgressDriver driver) { progressDriver_ = std::mov
 
 void Work::setStreamWait(StreamWait streamWait) { streamWait_ = std::move(streamWait); }
 
-bool Work::isCompleted() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
-}
+bool Work::isCompleted() const { return completed_.load(std::memory_order_acquire); }
 
-bool Work::isSuccess() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_ && !exception_;
-}
+bool Work::isSuccess() const { return completed_.load(std::memory_order_acquire) && !exception_; }
 
 int Work::sourceRank() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -69,14 +77,13 @@ std::shared_ptr<void> Work::attachment() const {
 }
 
 std::exception_ptr Work::exception() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return exception_;
+  return completed_.load(std::memory_order_acquire) ? exception_ : nullptr;  // final once completed
 }
 
 void Work::addCallback(Callback callback) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!completed_) {
+    if (!completed_.load(std::memory_order_relaxed)) {
       callbacks_.push_back(std::move(callback));
       lock.unlock();
       // Nobody may wait for it: tell whoever runs it (Deadline::min(): drive nothing here).
@@ -104,8 +111,8 @@ void Work::finish(std::exception_ptr error, const std::function<void()>& onCompl
   std::vector<Callback> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    completed_ = true;
     exception_ = std::move(error);
+    completed_.store(true, std::memory_order_release);
     callbacks.swap(callbacks_);
   }
   onCompleted();

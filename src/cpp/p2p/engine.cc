@@ -156,38 +156,44 @@ void PointToPointEngine::postReceive(const ReceivePtr& receive, Completions* don
 std::shared_ptr<Work> PointToPointEngine::isend(const void* data, size_t count, DataType type, int peer, int tag,
                                                 std::shared_ptr<void> keepAlive) {
   const size_t bytes = checkSendArguments(data, count, type, peer, tag, "isend");
-  Owner owner = workOwner("isend", peer, std::move(keepAlive));
-  std::shared_ptr<Work> work = owner.work;
+  BlockingCall atPost;  // its owner until it is found pending (see adoptPending)
+  std::shared_ptr<Work> work;
   Completions done;
   {
     const auto lock = lockForCaller();
     refuseCall("isend", /*receive=*/false, peer, /*blocking=*/false);
     const bool firstPending = !anyActivePeer();
-    postSend(std::move(owner), "isend", data, bytes, count, type, peer, tag, &done);
+    postSend(Owner{nullptr, &atPost, nullptr}, "isend", data, bytes, count, type, peer, tag, &done);
+    // Still pending: it is the last of the peer's sends.
+    if (!atPost.completed) {
+      work = adoptPending(&peers_[static_cast<size_t>(peer)].sends.back().owner, "isend", peer, std::move(keepAlive));
+    }
     if (pendingOperations_ > 0) handOffLater(firstPending);
   }
   finishAll(&done);
-  return work;
+  return work ? work : Work::completed("isend", atPost.waiter.error());
 }
 
 std::shared_ptr<Work> PointToPointEngine::irecv(void* data, size_t count, DataType type, int peer, int tag,
                                                 std::shared_ptr<void> keepAlive) {
   const size_t bytes = checkReceiveArguments(data, count, type, peer, tag, "irecv");
-  Owner owner = workOwner("irecv", peer, std::move(keepAlive));
-  std::shared_ptr<Work> work = owner.work;
+  BlockingCall atPost;  // its owner until it is found pending (see adoptPending)
+  std::shared_ptr<Work> work;
   Completions done;
   {
     const auto lock = lockForCaller();
     refuseCall("irecv", /*receive=*/true, peer, /*blocking=*/false);
     const bool firstPending = !anyActivePeer();
-    postReceive(std::make_shared<Receive>(Receive{std::move(owner), "irecv", peer, tag, type, count,
-                                                  static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
-                                                  net::deadlineAfter(timeout_)}),
-                &done);
+    const auto receive =
+        std::make_shared<Receive>(Receive{Owner{nullptr, &atPost, nullptr}, "irecv", peer, tag, type, count,
+                                          static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
+                                          net::deadlineAfter(timeout_)});
+    postReceive(receive, &done);
+    if (!atPost.completed) work = adoptPending(&receive->owner, "irecv", peer, std::move(keepAlive));
     if (pendingOperations_ > 0) handOffLater(firstPending);
   }
   finishAll(&done);
-  return work;
+  return work ? work : Work::completed("irecv", atPost.waiter.error(), atPost.waiter.sourceRank());
 }
 
 void PointToPointEngine::send(const void* data, size_t count, DataType type, int peer, int tag) {
@@ -255,14 +261,14 @@ void PointToPointEngine::nudgeClaimers(int peer) {
   }
 }
 
-PointToPointEngine::Owner PointToPointEngine::workOwner(const char* opName, int peer,
+std::shared_ptr<Work> PointToPointEngine::adoptPending(Owner* owner, const char* opName, int peer,
                                                        std::shared_ptr<void> keepAlive) {
-  Owner owner{std::make_shared<Work>(opName, std::move(keepAlive)), nullptr, std::make_shared<WorkProgress>()};
+  *owner = Owner{std::make_shared<Work>(opName, std::move(keepAlive)), nullptr, std::make_shared<WorkProgress>()};
   // Weak: a Work may outlive the engine (it is done by then: shutdown() fails the rest).
-  owner.work->setProgressDriver([engine = weak_from_this(), progress = owner.progress, peer](net::Deadline until) {
+  owner->work->setProgressDriver([engine = weak_from_this(), progress = owner->progress, peer](net::Deadline until) {
     if (const auto alive = engine.lock()) alive->driveWork(*progress, peer, until);
   });
-  return owner;
+  return owner->work;
 }
 
 void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept {

@@ -265,8 +265,12 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   void completeBlocking(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call,
                         Completions* done, net::Deadline until = net::kNoDeadline) noexcept;
   static constexpr int kNoClaim = -2;
-  // A pending isend/irecv's Work, with `peer` (or kAnySource), its progress driver set.
-  Owner workOwner(const char* opName, int peer, std::shared_ptr<void> keepAlive);
+  // An isend/irecv is posted with a BlockingCall of its caller's as its owner, so that one
+  // that completes at once (a small send the pair took, a message that had arrived) needs
+  // no Work until it is done (Work::completed). One still pending when the call is about
+  // to release mutex_ gets its Work here: `owner` (the operation's, in the engine) becomes
+  // the Work's, with `peer` (or kAnySource), `keepAlive` and its progress driver set.
+  std::shared_ptr<Work> adoptPending(Owner* owner, const char* opName, int peer, std::shared_ptr<void> keepAlive);
   // The progress driver (see the class comment): returns at once on the progress thread.
   void driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept;
   // The peer indices a claim (or an operation's peer) covers: [claimBegin, claimEnd),

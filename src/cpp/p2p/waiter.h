@@ -134,6 +134,9 @@ class Waiter {
     if (error_) std::rethrow_exception(error_);
     return sourceRank_;
   }
+  // Owner, once finished(): the operation's error (null on success) and source rank.
+  const std::exception_ptr& error() const { return error_; }
+  int sourceRank() const { return sourceRank_; }
 
  private:
   enum State : int { kAwake, kSleeping, kFinished };

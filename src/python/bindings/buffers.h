@@ -55,6 +55,9 @@ class Buffer {
   // The borrowed memory, for ProcessGroup: its rows are the size of dim 0 (1 for a 0-dim
   // tensor), which all_to_all_single splits by.
   BufferView view() const { return BufferView(data_, count_, type_, device_, rows_); }
+  // Whether it holds an export or view of its own (released by its destructor); false for
+  // a Hold::kCall borrow, whose memory only a reference to the object keeps.
+  bool ownsExport() const { return owner_ != Owner::kNone; }
 
  private:
   enum class Owner { kNone, kVersioned, kLegacy, kView };

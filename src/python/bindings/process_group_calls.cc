@@ -203,6 +203,15 @@ py::list copyOf(py::handle sequence) {
 
 using KeepAlive = std::shared_ptr<void>;
 
+// What keeps an isend's or irecv's memory while the operation runs: the Work's state,
+// whose reference to the tensor is enough for a borrowed torch tensor (what an owning
+// export would hold), or else the buffer's own export. An operation that completes while
+// it is posted drops it at once, with no export made and freed for it. GIL held.
+KeepAlive p2pKeepAlive(Buffer&& buffer, const KeepAlive& state) {
+  if (!buffer.ownsExport()) return state;
+  return std::make_shared<Buffer>(std::move(buffer));
+}
+
 }  // namespace
 
 namespace calls {
@@ -430,25 +439,27 @@ int recv(ProcessGroup& group, py::handle tensor, int src, int tag) {
 }
 
 py::object isend(ProcessGroup& group, py::handle tensor, int dst, int tag) {
-  auto buffer = std::make_shared<Buffer>(tensor, Access::kRead, "isend");
-  const BufferView view = buffer->view();
+  Buffer buffer(tensor, Access::kRead, "isend", Hold::kCall);
+  const BufferView view = buffer.view();
+  std::shared_ptr<void> state = oneTensorState(tensor);
   std::shared_ptr<Work> work;
   {
     py::gil_scoped_release release;
-    work = group.isend(view, dst, tag, std::move(buffer));
+    work = group.isend(view, dst, tag, p2pKeepAlive(std::move(buffer), state));
   }
-  return pythonWorkOn(std::move(work), tensor);
+  return pythonWorkWithState(std::move(work), std::move(state));
 }
 
 py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
-  auto buffer = std::make_shared<Buffer>(tensor, Access::kReadWrite, "irecv");
-  const BufferView view = buffer->view();
+  Buffer buffer(tensor, Access::kReadWrite, "irecv", Hold::kCall);
+  const BufferView view = buffer.view();
+  std::shared_ptr<void> state = oneTensorState(tensor);
   std::shared_ptr<Work> work;
   {
     py::gil_scoped_release release;
-    work = group.irecv(view, src, tag, std::move(buffer));
+    work = group.irecv(view, src, tag, p2pKeepAlive(std::move(buffer), state));
   }
-  return pythonWorkOn(std::move(work), tensor);
+  return pythonWorkWithState(std::move(work), std::move(state));
 }
 
 // ops: (is_send, tensor, peer, tag) tuples, posted together.

@@ -125,11 +125,13 @@ PyObject* pybindWait = nullptr;
 
 // Work.wait() without arguments, the caller that waits at once, as a vectorcall method:
 // pybind11's dispatch (the timeout's loader and default, the call guard) is left out of
-// every isend/irecv/async call + wait. A call with a timeout goes to the pybind11 method.
+// every isend/irecv/async call + wait, and a Work that completed already keeps the GIL. A
+// call with a timeout goes to the pybind11 method.
 PyObject* fastWait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   if (nargs != 0 || kwnames != nullptr) return callReplaced(pybindWait, self, args, nargs, kwnames);
   try {
     Work& work = boundValue<Work>(self);
+    if (work.isCompleted()) return PyBool_FromLong(work.wait() ? 1 : 0);  // returns or raises at once
     bool success = false;
     {
       py::gil_scoped_release release;
@@ -150,12 +152,20 @@ py::object pythonWork(std::shared_ptr<Work> work, py::list outputs) {
   return py::cast(std::move(work));
 }
 
-py::object pythonWorkOn(std::shared_ptr<Work> work, py::handle tensor) {
+std::shared_ptr<void> oneTensorState(py::handle tensor) {
   auto state = std::make_shared<HeldOffThread>();
   state->outputs = py::reinterpret_borrow<py::object>(tensor);
   state->oneTensor = true;
+  return state;
+}
+
+py::object pythonWorkWithState(std::shared_ptr<Work> work, std::shared_ptr<void> state) {
   work->setAttachment(std::move(state));
   return py::cast(std::move(work));
+}
+
+py::object pythonWorkOn(std::shared_ptr<Work> work, py::handle tensor) {
+  return pythonWorkWithState(std::move(work), oneTensorState(tensor));
 }
 
 void initWork(py::module_& m) {

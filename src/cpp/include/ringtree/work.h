@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -40,6 +41,10 @@ class RINGTREE_API Work {
   // (on the finishing thread) before the Work is marked completed, so when wait() returns
   // it has been released.
   explicit Work(const char* opName, std::shared_ptr<void> keepAlive = nullptr);
+  // A Work for an operation that finished before its Work was made (a point-to-point
+  // operation that completed while it was posted): completed, with `error` (null:
+  // success) and, for a receive, the rank its message came from (-1 otherwise).
+  static std::shared_ptr<Work> completed(const char* opName, std::exception_ptr error, int sourceRank = -1);
   ~Work();
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -111,7 +116,9 @@ class RINGTREE_API Work {
   const char* opName_;
   mutable std::mutex mutex_;
   std::condition_variable completedCv_;
-  bool completed_ = false;
+  // Set (release) under mutex_ once exception_ and sourceRank_ hold their final values;
+  // read without the lock by the calls that only ask whether it finished.
+  std::atomic<bool> completed_{false};
   bool finishing_ = false;
   std::exception_ptr exception_;
   int sourceRank_ = -1;
