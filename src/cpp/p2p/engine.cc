@@ -41,6 +41,7 @@ PointToPointEngine::PointToPointEngine(std::shared_ptr<Communicator> communicato
       rank_(communicator_->rank()),
       size_(communicator_->size()),
       timeout_(communicator_->timeout()),
+      pausesBeforeYield_(pausesBeforeYield(size_)),
       peers_(static_cast<size_t>(size_)),  // built in place: a Peer is not copyable
       engineAlive_(std::make_shared<std::atomic<bool>>(true)) {
   for (int peer = 0; peer < size_; ++peer) {
@@ -208,7 +209,7 @@ void PointToPointEngine::send(const void* data, size_t count, DataType type, int
     completeBlocking(lock, claim, call, &done);
   }
   finishAll(&done);
-  call.waiter.wait(kSpinTime);
+  call.waiter.wait(kSpinTime, pausesBeforeYield_);
   call.waiter.outcome();
 }
 
@@ -228,7 +229,7 @@ int PointToPointEngine::recv(void* data, size_t count, DataType type, int peer, 
     completeBlocking(lock, claim, call, &done);
   }
   finishAll(&done);
-  call.waiter.wait(kSpinTime);
+  call.waiter.wait(kSpinTime, pausesBeforeYield_);
   return call.waiter.outcome();
 }
 
@@ -279,7 +280,7 @@ void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadli
     if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) return;
     // The progress thread may sleep on the peers in poll(): wake it, and claim them once it
     // let go of them; give up after a spin (it is then busy with them: leave them to it).
-    Backoff backoff(kSpinTime);
+    Backoff backoff(kSpinTime, pausesBeforeYield_);
     for (;;) {
       if (progress.completed || progress.driver != nullptr || shutDown_) return;
       bool claimedElsewhere = false;
@@ -313,7 +314,7 @@ void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, in
   }
   setClaimer(claim, &call);
   bool claimed = true;
-  Backoff backoff(kSpinTime);
+  Backoff backoff(kSpinTime, pausesBeforeYield_);
   for (;;) {
     bool moved = progressClaimed(claim, done);
     if (moved) {
@@ -579,7 +580,7 @@ void PointToPointEngine::drainWakeFd() {
 }
 
 void PointToPointEngine::run(const std::shared_ptr<std::atomic<bool>>& engineAlive) {
-  Backoff backoff(kSpinTime);
+  Backoff backoff(kSpinTime, pausesBeforeYield_);
   Completions done;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {

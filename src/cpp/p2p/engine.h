@@ -353,6 +353,7 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  const int pausesBeforeYield_;  // of its spin-waits (Backoff): all ranks may be on this host
   net::Socket wakeFd_;  // eventfd (made with the thread): a submission wakes the thread from poll()
 
   std::mutex mutex_;

@@ -17,30 +17,43 @@
 
 namespace ringtree::detail {
 
-// How a progress loop that found nothing to do waits: it pauses the core, yields it after
-// a few idle passes, and after `spinTime` without progress it is time to sleep.
+// How a progress loop that found nothing to do waits: it pauses the core, also yields it
+// after `pausesBeforeYield` idle passes (see common/cpu.h), and after `spinTime` without
+// progress it is time to sleep. The clock is read on every kClockPasses-th idle pass only:
+// a pass that finds nothing costs little more than a clock read, and the spin time need
+// not be exact.
 class Backoff {
  public:
-  explicit Backoff(std::chrono::microseconds spinTime) : spinTime_(spinTime) {}
+  explicit Backoff(std::chrono::microseconds spinTime, int pausesBeforeYield = 0)
+      : spinTime_(spinTime), pausesBeforeYield_(pausesBeforeYield) {}
 
   // After a pass that moved something (or after a sleep): spin afresh.
   void restart() {
-    lastMove_ = net::Clock::now();
     idlePasses_ = 0;
+    spinStart_ = {};
   }
-  bool spunOut() const { return net::Clock::now() - lastMove_ >= spinTime_; }
+  // Whether the spin time has passed since the first idle pass that read the clock.
+  bool spunOut() {
+    if (idlePasses_ % kClockPasses != 0) return false;
+    const auto now = net::Clock::now();
+    if (spinStart_ == net::Clock::time_point{}) {
+      spinStart_ = now;
+      return false;
+    }
+    return now - spinStart_ >= spinTime_;
+  }
   // Between two passes that moved nothing.
   void pause() {
     cpuRelax();
-    if (++idlePasses_ >= kPauseIterations) sched_yield();
+    if (++idlePasses_ > pausesBeforeYield_) sched_yield();
   }
 
  private:
-  // Idle passes that only pause the core before each further one also yields it.
-  static constexpr int kPauseIterations = 16;
+  static constexpr int kClockPasses = 8;
 
   std::chrono::microseconds spinTime_;
-  net::Clock::time_point lastMove_ = net::Clock::now();
+  int pausesBeforeYield_;
+  net::Clock::time_point spinStart_{};
   int idlePasses_ = 0;
 };
 
@@ -117,9 +130,9 @@ class Waiter {
     }
   }
 
-  // Owner: spins for `spinTime`, then sleeps until the operation finished.
-  void wait(std::chrono::microseconds spinTime) {
-    Backoff backoff(spinTime);
+  // Owner: spins for `spinTime` (see Backoff), then sleeps until the operation finished.
+  void wait(std::chrono::microseconds spinTime, int pausesBeforeYield) {
+    Backoff backoff(spinTime, pausesBeforeYield);
     while (!finished() && !backoff.spunOut()) backoff.pause();
     while (!finished()) {
       pollfd wake;

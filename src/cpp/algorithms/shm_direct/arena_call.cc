@@ -19,11 +19,6 @@ using Clock = net::Clock;
 // CommunicatorImpl::waitIdle): long enough to catch a peer on another core, short enough
 // to give the core away when ranks outnumber cores.
 constexpr auto kSpinTime = std::chrono::microseconds(50);
-// Spin iterations (~60 ns each: a pause and a clock read) that only pause the core before
-// each further one also yields it: a peer on another core answers within a microsecond or
-// two, and a sched_yield costs ~0.5 us on the project machine. With more ranks than
-// cores the peer may need this core: every iteration yields.
-constexpr int kPauseIterations = 32;
 // Longest futex sleep: the deadline and the peers' connections are checked between sleeps.
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 // How often a waiting rank looks for peers that left: with many ranks per core the wait
@@ -31,14 +26,6 @@ constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 constexpr auto kHangUpCheckInterval = std::chrono::milliseconds(20);
 
 }  // namespace
-
-int ArenaCall::pauseIterationsFor(int ranks) {
-  static const int cores = [] {
-    cpu_set_t set;
-    return ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  }();
-  return ranks > cores ? 0 : kPauseIterations;
-}
 
 bool ArenaCall::movedOnFromThisCall(int peer) {
   Envelope then;

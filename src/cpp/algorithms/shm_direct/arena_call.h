@@ -8,6 +8,7 @@
 
 #include "algorithms/call.h"
 #include "arena/node_arena.h"
+#include "common/cpu.h"
 #include "common/socket.h"
 #include "transport/pair.h"
 
@@ -27,7 +28,7 @@ class ArenaCall {
       : call_(call),
         arena_(*call.comm.arena()),
         base_(arena_.lastStep()),
-        pauseIterations_(pauseIterationsFor(call.size())) {}
+        pauseIterations_(pausesBeforeYield(call.size())) {}
 
   arena::NodeArena& arena() { return arena_; }
   int rank() const { return call_.rank(); }
@@ -60,10 +61,6 @@ class ArenaCall {
   }
 
  private:
-  // How many spin iterations only pause the core before each further one also yields it:
-  // none when `ranks` outnumber the cores this process may run on.
-  static int pauseIterationsFor(int ranks);
-
   bool inThisCall(uint32_t step) const { return arena::NodeArena::reached(step, base_ + 1); }
 
   // Whether a peer's fingerprint is this call's; one without a counts hash yet (see
