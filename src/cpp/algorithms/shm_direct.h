@@ -61,10 +61,11 @@ void shmDirectReduceScatter(Call& call, const void* const* inputs, void* output,
 // outputs[q] (recvCounts[q] elements) <- rank q's inputs[rank], for every q but this
 // rank (outputs[rank] is left to the caller). Each step's block holds a piece of every
 // message this rank sends, in one region per destination (a step's share of
-// maxSegmentBytes, 0: the arena's largest step), read by that destination. The first
-// step's block also holds this rank's row and column of the count matrix, so every rank
-// learns every message's size: all agree on the number of steps, and both ranks of a pair
-// that disagree on a message's size fail (EnvelopeMismatch naming the sizes).
+// maxSegmentBytes, 0: the arena's largest step), read by that destination. Each region
+// starts with the sizes of the two messages between writer and reader and the writer's
+// largest message, so every rank learns every rank's largest (all agree on the number of
+// steps) and both ranks of a pair that disagree on a message's size fail
+// (EnvelopeMismatch naming the sizes).
 void shmDirectAlltoall(Call& call, const void* const* inputs, const size_t* sendCounts, void* const* outputs,
                        const size_t* recvCounts, size_t maxSegmentBytes);
 

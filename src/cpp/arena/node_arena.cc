@@ -199,7 +199,9 @@ size_t NodeArena::reserve(size_t bytes) {
 bool NodeArena::claim(size_t offset, size_t bytes, uint32_t step, uint32_t* previous) {
   bool found = false;
   for (size_t page = offset / kPieceAlignment; page * kPieceAlignment < offset + bytes; ++page) {
-    if (pageWritten_[page] != 0 && (!found || reached(pageStep_[page], *previous))) {
+    // A page claimed for this step already (another piece of it) needs no wait.
+    const bool earlier = pageWritten_[page] != 0 && pageStep_[page] != step;
+    if (earlier && (!found || reached(pageStep_[page], *previous))) {
       *previous = pageStep_[page];
       found = true;
     }

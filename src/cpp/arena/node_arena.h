@@ -187,9 +187,10 @@ class NodeArena {
   // room.
   size_t reserve(size_t bytes);
   // Records that this rank writes its data of `step` at [offset, offset + bytes) of its
-  // slot (a reserve()d piece). Returns false when nothing was written there before;
-  // otherwise true with the latest step whose data this rank wrote in those pages in
-  // *previous: every peer must have published *previous + 1 before the write.
+  // slot (a reserve()d piece, or part of one: a step may claim its piece in parts).
+  // Returns false when nothing of an earlier step was written there; otherwise true with
+  // the latest step whose data this rank wrote in those pages in *previous: every peer
+  // must have published *previous + 1 before the write.
   bool claim(size_t offset, size_t bytes, uint32_t step, uint32_t* previous);
   // The highest step that every peer was seen to have published.
   uint32_t allPublished() const { return allPublished_; }

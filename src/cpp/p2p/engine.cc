@@ -315,8 +315,8 @@ void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, in
   setClaimer(claim, &call);
   bool claimed = true;
   Backoff backoff(kSpinTime, pausesBeforeYield_);
-  for (;;) {
-    bool moved = progressClaimed(claim, done);
+  for (unsigned pass = 1;; ++pass) {
+    bool moved = progressClaimed(claim, done, pass % kDeadlinePasses == 0);
     if (moved) {
       backoff.restart();
     } else if (!call.completed && backoff.spunOut()) {
@@ -356,8 +356,8 @@ bool PointToPointEngine::reclaimable(int claim) const {
   return true;
 }
 
-bool PointToPointEngine::progressClaimed(int claim, Completions* done) {
-  failDueOperations(done);
+bool PointToPointEngine::progressClaimed(int claim, Completions* done, bool checkDeadlines) {
+  if (checkDeadlines) failDueOperations(done);
   bool moved = false;
   for (int index = claimBegin(claim); index < claimEnd(claim); ++index) {
     if (index != rank_) moved = progressPeer(index, done) || moved;
@@ -375,7 +375,7 @@ bool PointToPointEngine::sleepClaimed(std::unique_lock<std::mutex>& lock, int cl
     armPeer(peer, &fds.back());
   }
   // Something may have arrived between the last pass and arming.
-  const bool moved = progressClaimed(claim, done);
+  const bool moved = progressClaimed(claim, done, /*checkDeadlines=*/true);
   pollfd wake;
   if (!moved && !call.completed && call.waiter.prepareToSleep(&wake)) {
     fds.push_back(wake);

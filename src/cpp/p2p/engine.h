@@ -282,8 +282,11 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   // An operation with `peer` (or kAnySource) was posted: wakes the claimers of the peers
   // it involves if they sleep, so that they arm their pairs for it.
   void nudgeClaimers(int peer);
-  // One pass of a claiming caller: deadlines, then progress on the claimed peers.
-  bool progressClaimed(int claim, Completions* done);
+  // One pass of a claiming caller: deadlines (when `checkDeadlines`: a clock read), then
+  // progress on the claimed peers. Its spin checks deadlines every kDeadlinePasses passes
+  // (and before it sleeps): an operation fails at most that many passes late.
+  bool progressClaimed(int claim, Completions* done, bool checkDeadlines);
+  static constexpr unsigned kDeadlinePasses = 8;
   // The caller's sleep: arms the claimed pairs and the Waiter, gives progress one more
   // chance, then sleeps in poll() with mutex_ released. Returns whether that pass moved.
   bool sleepClaimed(std::unique_lock<std::mutex>& lock, int claim, BlockingCall& call, net::Deadline until,
