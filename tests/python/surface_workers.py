@@ -405,10 +405,24 @@ def p2p_cases(rank: int, n: int, check: Checker) -> None:
         check(all(w.wait() for w in works), "tagged receives")
         check([g[0].item() for g in got] == [3.0, 7.0, 1.0, 2.0], f"tag matching: {[g[0].item() for g in got]}")
 
-    # batch_isend_irecv: every rank posts its sends (large ones) before its receives.
     def big(p: int, k: int) -> torch.Tensor:  # rank p's k-th large message (make_input's are shorter)
         return torch.arange(BIG, dtype=torch.float32) + (2 * p + k) * BIG
 
+    # An operation keeps what it moves: tensors whose only reference is the call's (dropped
+    # at once), too large to complete while posted (above the 64 KiB sent without waiting);
+    # the isend's Work is dropped too. Other tensors are made meanwhile, which would reuse
+    # freed memory. irecv's result() gives its tensor back.
+    dist.isend(big(rank, 5), nxt, tag=11)
+    received = dist.irecv(torch.empty(BIG), prv, tag=11)
+    reduced = dist.all_reduce(torch.full((BIG,), float(rank)), async_op=True)
+    clutter = [torch.full((BIG,), -1.0) for _ in range(4)]
+    check(received.wait() and reduced.wait(), "Works on dropped tensors complete")
+    check(same_bits(received.result()[0], big(prv, 5)), "irecv into a dropped tensor: its data")
+    check(torch.equal(reduced.result()[0], torch.full((BIG,), float(n * (n - 1) // 2))),
+          "all_reduce of a dropped tensor: its result")
+    del clutter
+
+    # batch_isend_irecv: every rank posts its sends (large ones) before its receives.
     outgoing = [big(rank, k) for k in range(2)]
     incoming = [torch.empty(BIG) for _ in range(2)]
     ops = [dist.P2POp(dist.isend, outgoing[0], nxt), dist.P2POp(dist.isend, outgoing[1], group_peer=prv, tag=1),

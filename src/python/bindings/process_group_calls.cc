@@ -178,11 +178,27 @@ py::object run(bool asyncOp, Borrowed& borrowed, const Sync& sync, const Async& 
   return py::none();
 }
 
-// The same for the calls on one buffer, which need no Borrowed on the synchronous path.
+using KeepAlive = std::shared_ptr<void>;
+
+// What keeps the memory of an asynchronous call on one tensor (a collective's, isend's,
+// irecv's) while the operation runs: the Work's state, whose reference to the tensor is
+// enough for a borrowed torch tensor (what an owning export would hold), or else the
+// buffer's own export. An operation that completes while it is posted drops it at once,
+// with no export made and freed for it. GIL held.
+KeepAlive keepAliveFor(Buffer&& buffer, const KeepAlive& state) {
+  if (!buffer.ownsExport()) return state;
+  return std::make_shared<Buffer>(std::move(buffer));
+}
+
+// The same for the calls on one buffer (borrowed with Hold::kCall either way), which need
+// no Borrowed on the synchronous path.
 template <typename Sync, typename Async>
 py::object runOne(bool asyncOp, Buffer& buffer, py::handle tensor, const Sync& sync, const Async& async) {
   const BufferView view = buffer.view();
-  if (asyncOp) return pythonWorkOn(async(view, std::make_shared<Buffer>(std::move(buffer))), tensor);
+  if (asyncOp) {
+    KeepAlive state = oneTensorState(tensor);
+    return pythonWorkWithState(async(view, keepAliveFor(std::move(buffer), state)), std::move(state));
+  }
   py::gil_scoped_release release;
   sync(view);
   return py::none();
@@ -201,17 +217,6 @@ py::list copyOf(py::handle sequence) {
   return py::reinterpret_steal<py::list>(list);
 }
 
-using KeepAlive = std::shared_ptr<void>;
-
-// What keeps an isend's or irecv's memory while the operation runs: the Work's state,
-// whose reference to the tensor is enough for a borrowed torch tensor (what an owning
-// export would hold), or else the buffer's own export. An operation that completes while
-// it is posted drops it at once, with no export made and freed for it. GIL held.
-KeepAlive p2pKeepAlive(Buffer&& buffer, const KeepAlive& state) {
-  if (!buffer.ownsExport()) return state;
-  return std::make_shared<Buffer>(std::move(buffer));
-}
-
 }  // namespace
 
 namespace calls {
@@ -219,7 +224,7 @@ namespace calls {
 py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<AllreduceOptions>(algorithm, timeout, "all_reduce");
   parseReduceOp(op, options.op, options.premulFactor);
-  Buffer buffer(tensor, Access::kReadWrite, "all_reduce", holdFor(asyncOp));
+  Buffer buffer(tensor, Access::kReadWrite, "all_reduce", Hold::kCall);
   return runOne(
       asyncOp, buffer, tensor, [&](const BufferView& view) { group.allreduce(view, options); },
       [&](const BufferView& view, KeepAlive keepAlive) { return group.allreduceAsync(view, options, keepAlive); });
@@ -228,7 +233,7 @@ py::object allreduce(ProcessGroup& group, py::handle tensor, py::handle op, bool
 py::object broadcast(ProcessGroup& group, py::handle tensor, int root, bool asyncOp, py::handle algorithm, const Timeout& timeout) {
   auto options = optionsWith<BroadcastOptions>(algorithm, timeout, "broadcast");
   options.root = root;
-  Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast", holdFor(asyncOp));
+  Buffer buffer(tensor, root == group.rank() ? Access::kRead : Access::kReadWrite, "broadcast", Hold::kCall);
   return runOne(
       asyncOp, buffer, tensor, [&](const BufferView& view) { group.broadcast(view, options); },
       [&](const BufferView& view, KeepAlive keepAlive) { return group.broadcastAsync(view, options, keepAlive); });
@@ -239,7 +244,7 @@ py::object reduce(ProcessGroup& group, py::handle tensor, int root, py::handle o
   auto options = optionsWith<ReduceOptions>(algorithm, timeout, "reduce");
   options.root = root;
   parseReduceOp(op, options.op, options.premulFactor);
-  Buffer buffer(tensor, Access::kReadWrite, "reduce", holdFor(asyncOp));
+  Buffer buffer(tensor, Access::kReadWrite, "reduce", Hold::kCall);
   return runOne(
       asyncOp, buffer, tensor, [&](const BufferView& view) { group.reduce(view, options); },
       [&](const BufferView& view, KeepAlive keepAlive) { return group.reduceAsync(view, options, keepAlive); });
@@ -445,7 +450,7 @@ py::object isend(ProcessGroup& group, py::handle tensor, int dst, int tag) {
   std::shared_ptr<Work> work;
   {
     py::gil_scoped_release release;
-    work = group.isend(view, dst, tag, p2pKeepAlive(std::move(buffer), state));
+    work = group.isend(view, dst, tag, keepAliveFor(std::move(buffer), state));
   }
   return pythonWorkWithState(std::move(work), std::move(state));
 }
@@ -457,7 +462,7 @@ py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   std::shared_ptr<Work> work;
   {
     py::gil_scoped_release release;
-    work = group.irecv(view, src, tag, p2pKeepAlive(std::move(buffer), state));
+    work = group.irecv(view, src, tag, keepAliveFor(std::move(buffer), state));
   }
   return pythonWorkWithState(std::move(work), std::move(state));
 }

@@ -35,7 +35,15 @@ struct HeldOffThread {
       callback.release();
       return;
     }
+    if (PyGILState_Check() != 0) {  // the usual case: the last reference was a Python object's
+      clear();
+      return;
+    }
     py::gil_scoped_acquire gil;
+    clear();
+  }
+
+  void clear() {
     outputs = py::object();
     future = py::object();
     callback = py::object();
