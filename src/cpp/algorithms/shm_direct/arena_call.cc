@@ -19,6 +19,10 @@ using Clock = net::Clock;
 // CommunicatorImpl::waitIdle): long enough to catch a peer on another core, short enough
 // to give the core away when ranks outnumber cores.
 constexpr auto kSpinTime = std::chrono::microseconds(50);
+// The spin reads the clock every this many iterations: an iteration that finds the peer
+// not ready costs little more than a clock read, and the peer's answer is seen that much
+// sooner.
+constexpr int kClockIterations = 8;
 // Longest futex sleep: the deadline and the peers' connections are checked between sleeps.
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 // How often a waiting rank looks for peers that left: with many ranks per core the wait
@@ -43,13 +47,12 @@ bool ArenaCall::movedOnFromThisCall(int peer) {
 
 void ArenaCall::waitSlowly(int peer, uint32_t target) {
   const auto start = Clock::now();
-  for (;;) {
-    const auto spinEnd = Clock::now() + kSpinTime;
-    for (int i = 0;; ++i) {
+  for (auto spinEnd = start + kSpinTime;; spinEnd = Clock::now() + kSpinTime) {
+    for (int i = 1;; ++i) {
       if (ready(peer, target)) return;
-      if (Clock::now() >= spinEnd) break;
+      if (i % kClockIterations == 0 && Clock::now() >= spinEnd) break;
       cpuRelax();
-      if (i >= pauseIterations_) sched_yield();
+      if (i > pauseIterations_) sched_yield();
     }
     const uint32_t seen = arena_.peerStep(peer);
     if (ready(peer, target)) return;
