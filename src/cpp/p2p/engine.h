@@ -17,6 +17,7 @@
 #include <ringtree/types.h>
 #include <ringtree/work.h>
 
+#include "common/inline_vector.h"
 #include "common/socket.h"
 #include "p2p/waiter.h"
 #include "transport/pair.h"
@@ -226,7 +227,8 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
     uint8_t* copyTo = nullptr;
     size_t copyBytes = 0;
   };
-  using Completions = std::vector<Completion>;
+  // A call's completions: the few of a small call without an allocation.
+  using Completions = InlineVector<Completion, 4>;
 
   // Completes the Works and Waiters in order (copying unexpected messages out first).
   // Touches nothing of the engine: a Work callback may destroy it.
