@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <fstream>
 #include <future>
 #include <limits>
 #include <memory>
@@ -426,6 +427,37 @@ TEST(ShmPairTest, MixedOptionsOnTheTwoSides) {
   const std::vector<size_t> sizes = {0, 100, (256 << 10) + 1, 3 * kMiB + 3};
   auto other = std::async(std::launch::async, [&] { return exchangeQueued(*pairs.rank1, 1, sizes); });
   EXPECT_TRUE(exchangeQueued(*pairs.rank0, 0, sizes));
+  EXPECT_TRUE(other.get());
+}
+
+// Resident shared memory of this process (RssShmem in /proc/self/status), in bytes.
+size_t residentSharedBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssShmem:", 0) == 0) return std::stoul(line.substr(9)) * 1024;  // kB
+  }
+  return 0;
+}
+
+TEST(ShmPairTest, PrefaultedRingsAreResidentWhenMadeLazyOnesWhenWritten) {
+  // Both ends live in this process: each side's own ring and its mapping of the peer's.
+  PairOptions lazy;
+  PairOptions prefaulted;
+  prefaulted.prefault = true;
+  const size_t rings = 2 * PairOptions{}.ringBytes;
+
+  const size_t beforeLazy = residentSharedBytes();
+  TwoPairs lazyPairs = connectThreads(lazy, lazy);
+  EXPECT_LT(residentSharedBytes() - beforeLazy, rings / 4) << "a lazy pair's rings take memory as they are written";
+
+  const size_t beforePrefaulted = residentSharedBytes();
+  TwoPairs prefaultedPairs = connectThreads(prefaulted, prefaulted);
+  EXPECT_GE(residentSharedBytes() - beforePrefaulted, rings) << "both rings resident once the pair is made";
+  // And they carry messages as any pair does.
+  const std::vector<size_t> sizes = {0, 8, 100, 64 << 10, (256 << 10) + 1};
+  auto other = std::async(std::launch::async, [&] { return exchangeQueued(*prefaultedPairs.rank1, 1, sizes); });
+  EXPECT_TRUE(exchangeQueued(*prefaultedPairs.rank0, 0, sizes));
   EXPECT_TRUE(other.get());
 }
 

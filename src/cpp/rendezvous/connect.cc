@@ -65,6 +65,9 @@ class MeshBuilder {
     setup.rank = rank_;
     setup.size = size_;
     setup.options = options_;
+    // Few ranks on this host: few rings, so their pages are faulted in when they are made.
+    const auto onThisHost = std::count(mesh.hostOf.begin(), mesh.hostOf.end(), mesh.hostOf[static_cast<size_t>(rank_)]);
+    setup.options.shm.prefault = onThisHost <= kPrefaultRingsUpTo;
     setup.records = records_;
     setup.recordBytes = recordBytes_;
     setup.earlierIncarnation = earlierIncarnation_;

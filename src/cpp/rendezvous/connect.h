@@ -25,6 +25,11 @@ namespace ringtree::rendezvous {
 enum class ConnectMode { kAuto, kEager, kLazy };
 constexpr int kEagerUpTo = 16;
 
+// Up to this many ranks on a host, their shared-memory rings are faulted in when their
+// pairs are made (transport::shm::PairOptions::prefault): at most 28 pairs of two 1 MiB
+// rings on the host.
+constexpr int kPrefaultRingsUpTo = 8;
+
 struct ConnectOptions {
   TransportKind transport = TransportKind::kAuto;
   // Interface whose address the TCP listener binds and publishes. Empty: the address the

@@ -26,6 +26,8 @@ namespace {
 // How our segments appear in /proc/<pid>/maps ("/memfd:ringtree-shm (deleted)").
 constexpr const char* kSegmentName = "ringtree-shm";
 
+Prefault prefaultOf(const PairOptions& options) { return options.prefault ? Prefault::kYes : Prefault::kNo; }
+
 // Under Yama ptrace_scope 1 only ancestors may process_vm_readv a process unless it
 // names a ptracer; allow any process of our uid (the kernel still requires the same uid
 // and no privilege escalation). A no-op elsewhere. Per process: a forked child does it
@@ -102,9 +104,7 @@ std::unique_ptr<Pair> createPair(net::Socket socket, bool /*initiator*/, int sel
   PairSetup setup;
   setup.txRingBytes = ringBytes;
   try {
-    // The ring's pages take memory once first written: a pair that carries little (most
-    // pairs of a job with many ranks per host) costs almost nothing.
-    setup.tx = Segment::create(kSegmentName, kRingOffset + ringBytes, Prefault::kNo);
+    setup.tx = Segment::create(kSegmentName, kRingOffset + ringBytes, prefaultOf(options));
   } catch (const NetworkError& e) {
     throw failure(e.what());
   }
@@ -150,7 +150,7 @@ std::unique_ptr<Pair> createPair(net::Socket socket, bool /*initiator*/, int sel
                   std::to_string(ancillary.extraDescriptors + (ancillary.descriptor.valid() ? 1 : 0)));
   }
   try {
-    setup.rx = Segment::map(std::move(ancillary.descriptor), kRingOffset + peer.ringBytes, Prefault::kNo);
+    setup.rx = Segment::map(std::move(ancillary.descriptor), kRingOffset + peer.ringBytes, prefaultOf(options));
   } catch (const NetworkError& e) {
     throw failure(e.what());
   }

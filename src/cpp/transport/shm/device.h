@@ -23,8 +23,13 @@ namespace ringtree::transport::shm {
 
 struct PairOptions {
   // Bytes of each direction's ring buffer (messages up to this size, and chunks of larger
-  // ones, are staged through it). Allocated once and pre-faulted.
+  // ones, are staged through it). Allocated once.
   size_t ringBytes = size_t{1} << 20;
+  // Whether both rings' pages are faulted in when the pair is made (MAP_POPULATE on both
+  // sides): the first pass of small messages over a lazily faulted ring takes two page
+  // faults every 32 messages (~0.15 us a message at 2 ranks). Otherwise a page takes
+  // memory when first written: a pair that carries little costs almost nothing.
+  bool prefault = false;
   // Messages at least this large are moved with one process_vm_readv copy straight from
   // the sender's buffer (when the kernel allows it between the two processes; probed at
   // connection time), instead of through the ring.
