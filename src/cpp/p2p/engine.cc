@@ -561,7 +561,7 @@ void PointToPointEngine::sleepIdle(std::unique_lock<std::mutex>& lock) {
     idleCv_.wait_until(lock, handOffAt_);
   } else if (now < lingerUntil_) {
     idleTimed_ = true;
-    idleCv_.wait_until(lock, std::min(lingerUntil_, now + kHandOffDelay));
+    idleCv_.wait_until(lock, std::min(lingerUntil_, now + kLingerPeriod));
   } else {
     idleCv_.wait(lock);
   }

@@ -17,8 +17,8 @@ MPI), so two ranks that both block in a large send first wait for each other unt
 timeout: use isend/irecv or batch_isend_irecv for such exchanges. send and recv run on the
 calling thread (no hand-off to the engine's thread) when nothing else is pending with
 that peer. What isend/irecv cannot finish at once, ``Work.wait()`` drives on the waiting
-thread; the engine's thread takes over whatever no wait() finished within 200 µs, so
-operations nobody waits for still complete.
+thread; the engine's thread takes over whatever no wait() finished within 200 µs (up to
+about 1 ms when the thread was idle), so operations nobody waits for still complete.
 
 Errors: ``ValueError`` for an invalid peer (not in the group, or this rank itself) or tag
 (negative), raised by the call; ``DistNetworkError`` naming the peer when its connection
