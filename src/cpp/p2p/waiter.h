@@ -19,9 +19,9 @@ namespace ringtree::detail {
 
 // How a progress loop that found nothing to do waits: it pauses the core, also yields it
 // after `pausesBeforeYield` idle passes (see common/cpu.h), and after `spinTime` without
-// progress it is time to sleep. The clock is read on every kClockPasses-th idle pass only:
-// a pass that finds nothing costs little more than a clock read, and the spin time need
-// not be exact.
+// progress it is time to sleep. Until it yields, the clock is read on every kClockPasses-th
+// idle pass only: a pass that finds nothing costs little more than a clock read, and the
+// spin time need not be exact.
 class Backoff {
  public:
   explicit Backoff(std::chrono::microseconds spinTime, int pausesBeforeYield = 0)
@@ -32,9 +32,10 @@ class Backoff {
     idlePasses_ = 0;
     spinStart_ = {};
   }
-  // Whether the spin time has passed since the first idle pass that read the clock.
+  // Whether the spin time has passed since the first idle pass that read the clock. Once
+  // every pass yields, each reads the clock (the system call dwarfs it).
   bool spunOut() {
-    if (idlePasses_ % kClockPasses != 0) return false;
+    if (idlePasses_ % kClockPasses != 0 && idlePasses_ <= pausesBeforeYield_) return false;
     const auto now = net::Clock::now();
     if (spinStart_ == net::Clock::time_point{}) {
       spinStart_ = now;
