@@ -66,6 +66,20 @@ TEST(InlineVector, KeepsEveryElementAcrossTheMoveToTheHeap) {
   EXPECT_EQ(live, 0) << "the destructor destroys what is left";
 }
 
+TEST(InlineVector, TakesOneOfItsOwnElementsAsItMovesToTheHeap) {
+  int live = 0;
+  InlineVector<Counted, 2> vector;
+  vector.push_back(Counted(1, &live));
+  vector.push_back(Counted(2, &live));
+  vector.push_back(std::move(vector.data()[0]));  // full inside: this push moves them out
+  ASSERT_EQ(vector.size(), 3u);
+  EXPECT_EQ(vector.data()[0].value, nullptr) << "moved from";
+  EXPECT_EQ(*vector.data()[1].value, 2);
+  EXPECT_EQ(*vector.back().value, 1);
+  vector.clear();
+  EXPECT_EQ(live, 0);
+}
+
 TEST(InlineVector, ClearedWhileInsideItIsReused) {
   int live = 0;
   InlineVector<Counted, 2> vector;

@@ -25,8 +25,9 @@ class InlineVector {
       ++inlineSize_;
       return;
     }
+    T moved(std::move(value));  // `value` may be one of the inline elements moveToHeap() ends
     if (!onHeap_) moveToHeap();
-    heap_.push_back(std::move(value));
+    heap_.push_back(std::move(moved));
   }
 
   T* data() { return onHeap_ ? heap_.data() : inlineSlot(0); }

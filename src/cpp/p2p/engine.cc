@@ -263,7 +263,7 @@ void PointToPointEngine::nudgeClaimers(int peer) {
 }
 
 std::shared_ptr<Work> PointToPointEngine::adoptPending(Owner* owner, const char* opName, int peer,
-                                                       std::shared_ptr<void> keepAlive) {
+                                                       std::shared_ptr<void> keepAlive) noexcept {
   *owner = Owner{std::make_shared<Work>(opName, std::move(keepAlive)), nullptr, std::make_shared<WorkProgress>()};
   // Weak: a Work may outlive the engine (it is done by then: shutdown() fails the rest).
   owner->work->setProgressDriver([engine = weak_from_this(), progress = owner->progress, peer](net::Deadline until) {
@@ -278,6 +278,10 @@ void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadli
   {
     auto lock = lockForCaller();
     if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) return;
+    if (until == net::Deadline::min()) {  // nobody will wait: the thread's at once
+      if (!progress.completed && !shutDown_) handOffNow();
+      return;
+    }
     // The progress thread may sleep on the peers in poll(): wake it, and claim them once it
     // let go of them; give up after a spin (it is then busy with them: leave them to it).
     Backoff backoff(kSpinTime, pausesBeforeYield_);

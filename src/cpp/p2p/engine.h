@@ -276,8 +276,13 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   // no Work until it is done (Work::completed). One still pending when the call is about
   // to release mutex_ gets its Work here: `owner` (the operation's, in the engine) becomes
   // the Work's, with `peer` (or kAnySource), `keepAlive` and its progress driver set.
-  std::shared_ptr<Work> adoptPending(Owner* owner, const char* opName, int peer, std::shared_ptr<void> keepAlive);
+  // noexcept: the operation is queued with the stack owner, which must not outlive the
+  // call, so an allocation failure here ends the process rather than leave it there.
+  std::shared_ptr<Work> adoptPending(Owner* owner, const char* opName, int peer,
+                                     std::shared_ptr<void> keepAlive) noexcept;
   // The progress driver (see the class comment): returns at once on the progress thread.
+  // With Deadline::min() (a callback was added: nobody may wait) it hands the operation
+  // to the progress thread at once.
   void driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept;
   // The peer indices a claim (or an operation's peer) covers: [claimBegin, claimEnd),
   // this rank included.

@@ -184,7 +184,7 @@ using KeepAlive = std::shared_ptr<void>;
 // irecv's) while the operation runs: the Work's state, whose reference to the tensor is
 // enough for a borrowed torch tensor (what an owning export would hold), or else the
 // buffer's own export. An operation that completes while it is posted drops it at once,
-// with no export made and freed for it. GIL held.
+// with no export made and freed for it. Needs no GIL (~Buffer takes it where it must).
 KeepAlive keepAliveFor(Buffer&& buffer, const KeepAlive& state) {
   if (!buffer.ownsExport()) return state;
   return std::make_shared<Buffer>(std::move(buffer));
@@ -197,7 +197,8 @@ py::object runOne(bool asyncOp, Buffer& buffer, py::handle tensor, const Sync& s
   const BufferView view = buffer.view();
   if (asyncOp) {
     KeepAlive state = oneTensorState(tensor);
-    return pythonWorkWithState(async(view, keepAliveFor(std::move(buffer), state)), std::move(state));
+    std::shared_ptr<Work> work = async(view, keepAliveFor(std::move(buffer), state));  // before state moves on
+    return pythonWorkWithState(std::move(work), std::move(state));
   }
   py::gil_scoped_release release;
   sync(view);

@@ -34,8 +34,9 @@ class PointToPointEngine;
 // `keepAlive` is held until then.
 //
 // Progress runs on a thread of the engine (started on first use) for isend/irecv; what an
-// isend/irecv cannot finish at once is left for 200 us to a Work::wait() that drives it
-// (below) before that thread takes it over, so a prompt wait() costs no thread wake-up. The
+// isend/irecv cannot finish at once is left for 200 us (up to about 1 ms when the thread
+// was idle) to a Work::wait() that drives it (below) before that thread takes it over, so
+// a prompt wait() costs no thread wake-up; one given a callback is the thread's at once. The
 // blocking send/recv make progress on the calling thread instead whenever the engine has
 // nothing else pending with that peer (for a receive from kAnySource: nothing at all):
 // no thread hand-off, no Work, no copy beyond the transport's. Otherwise they queue like
