@@ -24,7 +24,7 @@ namespace ringtree::detail {
 // spin time need not be exact.
 class Backoff {
  public:
-  explicit Backoff(std::chrono::microseconds spinTime, int pausesBeforeYield = 0)
+  Backoff(std::chrono::microseconds spinTime, int pausesBeforeYield)
       : spinTime_(spinTime), pausesBeforeYield_(pausesBeforeYield) {}
 
   // After a pass that moved something (or after a sleep): spin afresh.
