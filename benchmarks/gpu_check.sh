@@ -15,9 +15,15 @@
 # no pip install (the installed package is used); every step still runs, and the ones
 # that need a GPU report "skipped" with the reason.
 #
+# Prebuilt (RINGTREE_GPU_CHECK_PREBUILT=DIR, made by benchmarks/gpu_prebuild.sh on a machine
+# with nvcc but no GPU): the wheel in DIR is installed instead of building one, and DIR's
+# reduce_kernels_test (beside its libringtree_cuda.so) is run instead of building the C++
+# tests. A wheel that does not import here falls back to the build from source.
+#
 # Environment: OUT, PYTHON (python, else python3), RINGTREE_GPU_CHECK_BUDGET_S,
-# RINGTREE_GPU_CHECK_DRY_RUN, RINGTREE_GPU_CHECK_BUILD_DIR (the C++ tests' CMake build
-# folder, build/gpu). Exit status: 0 when no step failed or timed out, else 1.
+# RINGTREE_GPU_CHECK_DRY_RUN, RINGTREE_GPU_CHECK_PREBUILT, RINGTREE_GPU_CHECK_BUILD_DIR (the
+# C++ tests' CMake build folder, build/gpu). Exit status: 0 when no step failed or timed
+# out, else 1.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -28,13 +34,15 @@ OUT=$(cd "$OUT" && pwd)
 BUDGET_S=${RINGTREE_GPU_CHECK_BUDGET_S:-480}
 BUILD_DIR=${RINGTREE_GPU_CHECK_BUILD_DIR:-build/gpu}
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
+PREBUILT=${RINGTREE_GPU_CHECK_PREBUILT:-}
+[ -n "$PREBUILT" ] && PREBUILT=$(cd "$PREBUILT" && pwd)
 SUMMARY_RESERVE_S=15
 STARTED=$(date +%s)
 STEPS="$OUT/steps.tsv"
 rm -f "$OUT"/[0-9][0-9]-*.log "$OUT"/*.json "$OUT"/test_cuda.xml "$OUT"/summary.md
 : > "$STEPS"
 STEP_NO=0
-export OUT ROOT PYTHON BUILD_DIR
+export OUT ROOT PYTHON BUILD_DIR PREBUILT
 
 DRY=0
 DRY_WHY=""
@@ -137,6 +145,16 @@ EOF
 }
 
 step_install() {
+  local wheel
+  wheel=$(ls "$PREBUILT"/ringtree-*.whl 2>/dev/null | head -n 1)
+  if [ -n "$wheel" ]; then
+    echo "installing the prebuilt $wheel"
+    if "$PYTHON" -m pip install --no-deps --no-index --force-reinstall "$wheel" &&
+      (cd /tmp && "$PYTHON" -c "import ringtree._C; print('imports:', ringtree._C.__file__)"); then
+      return 0
+    fi
+    echo "the prebuilt wheel does not install or import here: building from source"
+  fi
   export SKBUILD_CMAKE_DEFINE="RINGTREE_USE_CUDA=ON"
   export CMAKE_BUILD_PARALLEL_LEVEL
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
@@ -167,7 +185,10 @@ EOF
 
 step_python_tests() {
   if "$PYTHON" -c "import pytest" 2>/dev/null; then
-    "$PYTHON" -m pytest tests/python/test_cuda.py -v -rA -p no:cacheprovider --junitxml="$OUT/test_cuda.xml"
+    local per_test=()  # a hung test fails alone instead of spending the step
+    "$PYTHON" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 200)
+    "$PYTHON" -m pytest tests/python/test_cuda.py -v -rA -p no:cacheprovider "${per_test[@]}" \
+      --junitxml="$OUT/test_cuda.xml"
   else
     echo "pytest is not importable: running the file as a program"
     "$PYTHON" tests/python/test_cuda.py
@@ -235,7 +256,12 @@ step_cpp_build() {
 
 step_cpp_reduce_kernels() {
   local binary
-  binary=$(find "$BUILD_DIR" -type f -name reduce_kernels_test -perm -u+x | head -n 1)
+  if [ -x "$PREBUILT/reduce_kernels_test" ]; then
+    binary=$PREBUILT/reduce_kernels_test
+    export LD_LIBRARY_PATH="$PREBUILT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    binary=$(find "$BUILD_DIR" -type f -name reduce_kernels_test -perm -u+x | head -n 1)
+  fi
   [ -n "$binary" ] || { echo "reduce_kernels_test was not built"; return 1; }
   "$binary"
   local rc=$?
@@ -267,7 +293,11 @@ run_step python-tests 300 step_python_tests
 run_step kernel-bench 120 step_kernel_bench
 run_step bench-nproc1 240 step_bench_nproc1
 run_step bench-shared-nproc2 150 step_bench_shared
-if gtest_found; then
+if [ -x "$PREBUILT/reduce_kernels_test" ]; then
+  skip_step cpp-build "prebuilt: $PREBUILT/reduce_kernels_test"
+  run_step cpp-reduce_kernels_test 180 step_cpp_reduce_kernels
+  skip_step cpp-cuda_backend_test "not prebuilt (it runs on the CUDA stand-in, in every ctest run)"
+elif gtest_found; then
   run_step cpp-build 300 step_cpp_build
   run_step cpp-reduce_kernels_test 180 step_cpp_reduce_kernels
   run_step cpp-cuda_backend_test 180 step_cpp_cuda_backend
