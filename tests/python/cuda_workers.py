@@ -121,14 +121,23 @@ class Checker:
         return {"cases": self.cases, "failed": self.failed, "failures": self.failures}
 
 
+COMPLETION_S = 30.0  # how long a waited-for Work may take to report its completion
+
+
 def call(fn, *args, async_op: bool, **kwargs):
     """fn(*args, **kwargs) synchronously, or asynchronously and then waited for; returns
-    what a synchronous call returns (recv's sender)."""
+    what a synchronous call returns (recv's sender). On CUDA buffers wait() only makes the
+    current stream wait (torch's NCCL semantics): the Work reports completion once the GPU
+    finished it, which must come within COMPLETION_S, and then success."""
     if not async_op:
         return fn(*args, **kwargs)
     work = fn(*args, async_op=True, **kwargs)
-    assert work.wait() is True
-    assert work.is_completed() and work.is_success()
+    assert work.wait() is True, "wait() did not return True"
+    deadline = time.monotonic() + COMPLETION_S
+    while not work.is_completed():
+        assert time.monotonic() < deadline, f"not completed {COMPLETION_S:g} s after wait()"
+        time.sleep(0.0005)
+    assert work.is_success(), f"completed without success: {work.exception()!r}"
     return None
 
 
