@@ -13,7 +13,7 @@ way, once per size). GB/s are 1e9 bytes per second. "% of copy" is the reduce's 
 the copy's. Sizes whose two buffers fit in the GPU's L2 cache (16 MiB on an H200) read
 above DRAM bandwidth; the goal is stated for 64 MiB and up.
 
-Goal: float32 and bfloat16 SUM reach >= 90% of the copy bandwidth at every size >= 64 MiB.
+Goal: float32, bfloat16 and float16 SUM reach >= 90% of the copy bandwidth at every size >= 64 MiB.
 The last lines say whether each of those rows meets it (the exit status does not depend
 on it). Without a GPU (torch without CUDA, no device, or ringtree's CUDA path unavailable)
 it prints one line ``skipped: <reason>`` (also written to --json) and exits with status 0.
@@ -33,7 +33,7 @@ DATA_TYPES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3, "int8": 4
               "int32": 7, "int64": 8}
 REDUCE_OPS = {"sum": 0, "prod": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7}
 GOAL_RATIO = 0.90
-GOAL_DTYPES = ("float32", "bfloat16")
+GOAL_DTYPES = ("float32", "bfloat16", "float16")
 GOAL_OP = "sum"
 GOAL_MIN_BYTES = 64 << 20
 

@@ -363,7 +363,7 @@ def kernel_numbers(result, details):
         return ""
     if "skipped" in result:
         return f"skipped: {result['skipped']}"
-    keep = [r for r in result["rows"] if r["bytes"] >= 64 << 20 and r["dtype"] in ("float32", "bfloat16")]
+    keep = [r for r in result["rows"] if r["bytes"] >= 64 << 20 and r["dtype"] in result["goal"]["dtypes"]]
     best = {}
     for r in keep:
         best[(r["dtype"], r["bytes"])] = r

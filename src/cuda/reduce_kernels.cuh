@@ -81,6 +81,15 @@ RINGTREE_HOST_DEVICE inline float floatFromBits(uint32_t bits) {
 // binary16 -> float32, exact. Infinities stay infinite; a NaN keeps its payload (the float
 // has the half's mantissa in its top bits); subnormals become normal float32 values.
 RINGTREE_HOST_DEVICE inline float halfToFloat(uint16_t half) {
+#if defined(__CUDA_ARCH__)
+  // The device converts in one instruction, exactly (IEEE); NaNs keep the software path,
+  // whose payload rule the CPU engine shares.
+  if ((half & 0x7C00u) != 0x7C00u || (half & 0x3FFu) == 0) {
+    float converted;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(converted) : "h"(half));
+    return converted;
+  }
+#endif
   const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
   uint32_t exponent = (half >> 10) & 0x1Fu;
   uint32_t mantissa = half & 0x3FFu;
@@ -113,6 +122,13 @@ RINGTREE_HOST_DEVICE inline uint16_t floatToHalf(float value) {
   if (magnitude > 0x7F800000u) {
     return static_cast<uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));
   }
+#if defined(__CUDA_ARCH__)
+  // Round to nearest even, overflow to infinity, subnormal results: IEEE's rounding, which
+  // the software path below computes too (the two agree on every non-NaN float).
+  uint16_t converted;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(converted) : "f"(value));
+  return converted;
+#endif
   if (magnitude >= 0x477FF000u) {  // >= 65520 = 65504 + half an ulp: rounds to infinity
     return static_cast<uint16_t>(sign | 0x7C00u);
   }
