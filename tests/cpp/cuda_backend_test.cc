@@ -582,6 +582,32 @@ TEST_F(NcclBackendTest, PremulSumUsesNcclsOpWhereItHasOneAndRingtreesKernelsElse
   }
 }
 
+// NCCL's one-rank path leaves some tails unscaled: one rank scales with ringtree's kernel.
+TEST_F(NcclBackendTest, PremulSumOnOneRankIsRingtreesScale) {
+  fake::reset();
+  fake::setOptionalNcclSymbols(true);
+  const auto group = ProcessGroup::create(test::freshStore(), 0, 1, test::testOptions());
+  const double mine[3] = {1.0, -3.0, 0.25};
+  DeviceBuffer buffer(0, Bytes(reinterpret_cast<const std::byte*>(mine), reinterpret_cast<const std::byte*>(mine) + 24));
+  const BufferView view(buffer.data(), 3, DataType::kFloat64, Device{DeviceType::kCuda, 0});
+  AllreduceOptions options;
+  options.op = ReduceOp::kPremulSum;
+  options.premulFactor = 2.0;
+  group->allreduce(view, options);
+  ReduceOptions rooted;
+  rooted.op = ReduceOp::kPremulSum;
+  rooted.premulFactor = 2.0;
+  group->reduce(view, rooted);
+  const Bytes result = buffer.read();
+  double values[3];
+  std::memcpy(values, result.data(), sizeof(values));
+  EXPECT_EQ(values[0], 4.0);
+  EXPECT_EQ(values[1], -12.0);
+  EXPECT_EQ(values[2], 1.0);
+  EXPECT_EQ(fake::counters().redOpsCreated, 0);
+  group->shutdown();
+}
+
 // A synchronous barrier returns once every rank reached it.
 TEST_F(NcclBackendTest, BarrierWaitsForEveryRank) {
   const std::shared_ptr<Store> store = test::freshStore();

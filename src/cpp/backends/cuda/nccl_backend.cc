@@ -69,7 +69,8 @@ std::pair<int, size_t> ncclReduceType(DataType type) {
 
 // NCCL for what it computes as the CPU engine does; ringtree's kernels for the rest:
 // bitwise ops, int16 and bool, integer AVG and PREMUL_SUM (NCCL's round differently), and
-// PREMUL_SUM where the loaded NCCL cannot make the op.
+// PREMUL_SUM where NCCL's op is not usable (ncclPremulUsable: none in the loaded NCCL, or
+// a one-rank communicator).
 ReducePlan planReduction(DataType type, ReduceOp op, bool ncclHasPremul) {
   ReducePlan plan;
   const auto [ncclType, factor] = ncclReduceType(type);
@@ -197,7 +198,7 @@ class NcclBackend final : public DeviceBackend {
   std::shared_ptr<Work> reduce(const BufferView& tensor, const ReduceOptions& options,
                                const Submission& submission) override {
     Enqueue call(*this, "reduce", tensor.device, options.timeout);
-    const ReducePlan plan = planReduction(tensor.type, options.op, nccl_->redOpCreatePreMulSum != nullptr);
+    const ReducePlan plan = planReduction(tensor.type, options.op, ncclPremulUsable());
     if (plan.own) {
       // The ring reduces every rank's copy; only the root's buffer may change.
       void* work = tensor.data;
@@ -641,6 +642,13 @@ class NcclBackend final : public DeviceBackend {
     return s.data;
   }
 
+  // Whether PREMUL_SUM may be NCCL's op. Not on a one-rank communicator: NCCL's one-rank
+  // path (a copy kernel that applies the factor) copies the tail of some sizes unscaled
+  // (seen with NCCL 2.28.9 on an H200, torch's own NCCL backend alike: float64 x 65539
+  // and complex64 x 65539, the elements past 65536 and past 131072 floats), so ringtree's
+  // scale kernel does that call.
+  bool ncclPremulUsable() const { return nccl_->redOpCreatePreMulSum != nullptr && size() > 1; }
+
   // NCCL's op for a plan: the built-in one, or a PREMUL_SUM op made for `factor` (destroyed
   // by destroyOp once the call that uses it is enqueued, as NCCL allows).
   int ncclOp(Enqueue& call, const ReducePlan& plan, double factor) {
@@ -693,7 +701,7 @@ class NcclBackend final : public DeviceBackend {
   // recv = reduce(send) over the group, of `count` elements (send == recv in place).
   void reduceInPlace(Enqueue& call, const void* send, void* recv, size_t count, DataType type, ReduceOp op,
                      double factor) {
-    const ReducePlan plan = planReduction(type, op, nccl_->redOpCreatePreMulSum != nullptr);
+    const ReducePlan plan = planReduction(type, op, ncclPremulUsable());
     if (plan.own) {
       if (send != recv) call.cuda("copying the input", gpu_.memcpyAsync(recv, send, count * elementSize(type), stream_));
       ownAllreduce(call, recv, count, type, op, factor);
@@ -707,7 +715,7 @@ class NcclBackend final : public DeviceBackend {
 
   // output = part rank() of reduce(input's size() parts); input is on the device.
   void reduceScatterFrom(Enqueue& call, const BufferView& output, void* input, const ReduceScatterOptions& options) {
-    const ReducePlan plan = planReduction(output.type, options.op, nccl_->redOpCreatePreMulSum != nullptr);
+    const ReducePlan plan = planReduction(output.type, options.op, ncclPremulUsable());
     const size_t partBytes = bytesOf(output);
     if (plan.own) {
       // Reduce all parts in a copy, then keep this rank's part.
