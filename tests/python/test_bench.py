@@ -1033,3 +1033,23 @@ def test_timeout_stops_the_job():
     proc = _bench(*"allreduce --nproc 2 --system mpi -b 1K -e 1K -n 100000000 --timeout 1".split())
     assert proc.returncode == 1
     assert "# mpi: failed: timed out" in proc.stdout
+
+
+def test_gather_and_scatter_rows_use_the_older_torch_names_where_the_newer_are_missing():
+    """torch before 2.13 has all_gather_into_tensor and reduce_scatter_tensor only: the
+    torch-style systems call those there, and the 2.13 names where they exist."""
+    calls = []
+    ops = types.SimpleNamespace(SUM="sum", PRODUCT="product", MIN="min", MAX="max", AVG="avg",
+                                BAND="band", BOR="bor", BXOR="bxor", PREMUL_SUM="premul_sum")
+    older = types.SimpleNamespace(
+        get_rank=lambda: 0, get_world_size=lambda: 1, ReduceOp=ops,
+        all_gather_into_tensor=lambda out, inp: calls.append(("all_gather_into_tensor", out, inp)),
+        reduce_scatter_tensor=lambda out, inp, op: calls.append(("reduce_scatter_tensor", out, inp, op)),
+    )
+    system = systems._TorchStyleSystem(older, None)
+    system.operation(options.COLLECTIVES["allgather"], "in", "out", None, 0)()
+    system.operation(options.COLLECTIVES["reduce_scatter"], "in", "out", "sum", 0)()
+    assert calls == [("all_gather_into_tensor", "out", "in"), ("reduce_scatter_tensor", "out", "in", "sum")]
+    newer = types.SimpleNamespace(**vars(older), all_gather_single=lambda out, inp: calls.append(("single", out, inp)))
+    systems._TorchStyleSystem(newer, None).operation(options.COLLECTIVES["allgather"], "in", "out", None, 0)()
+    assert calls[-1] == ("single", "out", "in")

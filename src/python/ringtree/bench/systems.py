@@ -21,7 +21,8 @@ CUDA buffers a call may return before its work is done: the worker calls
   otherwise, e.g. under torchrun); nccl on CUDA tensors only, bound to the rank's GPU.
 - ringtree, gloo and nccl run the same torch.distributed calls: ``all_reduce``,
   ``broadcast``, ``reduce``, ``barrier`` in place; ``all_gather_single(out, in)``,
-  ``reduce_scatter_single(out, in, op)``, ``all_to_all_single(out, in)``; sendrecv as
+  ``reduce_scatter_single(out, in, op)`` (torch before 2.13: ``all_gather_into_tensor``,
+  ``reduce_scatter_tensor``), ``all_to_all_single(out, in)``; sendrecv as
   ``isend`` to rank + 1 and ``irecv`` from rank - 1, then both waits (on CUDA buffers as
   one ``batch_isend_irecv`` of the two, which NCCL needs so that two ranks sending to
   each other at once do not wait for each other's receive); pingpong as ``send`` then
@@ -165,6 +166,13 @@ def _idle() -> None:
     """The operation of a rank that takes no part (pingpong beyond ranks 0 and 1)."""
 
 
+def _named(dist: Any, name: str, older_name: str) -> Callable[..., Any]:
+    """dist's function ``name``, or ``older_name`` where dist lacks it: torch before 2.13
+    has all_gather_into_tensor and reduce_scatter_tensor only (the same calls)."""
+    function = getattr(dist, name, None)
+    return function if function is not None else getattr(dist, older_name)
+
+
 class _TorchStyleSystem:
     """What ringtree, gloo and nccl share: the same torch.distributed calls through
     ``_dist`` (``ringtree`` or ``torch.distributed``), which the subclass initialises
@@ -209,9 +217,11 @@ class _TorchStyleSystem:
         if name == "barrier":
             return dist.barrier
         if name == "allgather":
-            return lambda: dist.all_gather_single(recv_buf, send_buf)
+            gather = _named(dist, "all_gather_single", "all_gather_into_tensor")
+            return lambda: gather(recv_buf, send_buf)
         if name == "reduce_scatter":
-            return lambda: dist.reduce_scatter_single(recv_buf, send_buf, op=op)
+            scatter = _named(dist, "reduce_scatter_single", "reduce_scatter_tensor")
+            return lambda: scatter(recv_buf, send_buf, op=op)
         if name == "alltoall":
             return lambda: dist.all_to_all_single(recv_buf, send_buf)
         if name == "sendrecv":
