@@ -12,6 +12,8 @@ see a CUDA device and ringtree.cuda.is_available() must hold).
 - Ranks sharing one GPU (staged through host memory) at 2 and 4 ranks: every collective
   and point-to-point call, in real processes (cuda_workers.py); forcing NCCL there is
   refused; a rank killed in the middle of collectives fails the others fast, naming it.
+- torch's DDP on CUDA tensors over the torch backend "ringtree" (one rank on NCCL, two
+  sharing the GPU), against torch's own backend in the same processes.
 
 Runs under pytest, or as a program without it (``python tests/python/test_cuda.py``,
 through plain_runner.py): one line per test, exit status 1 when one failed.
@@ -53,7 +55,7 @@ if _skip_reason():
     pytest.skip(_skip_reason(), allow_module_level=True)
 
 import cuda_workers as workers  # noqa: E402
-from harness import PROMPT_S, failed_cases, read_result, run_world, start_world  # noqa: E402
+from harness import PROMPT_S, failed_cases, free_port, read_result, run_world, start_world  # noqa: E402
 
 ReduceOp = dist.ReduceOp
 SUM, AVG, PRODUCT, MIN, MAX = ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX
@@ -445,6 +447,32 @@ def test_forcing_nccl_where_ranks_share_a_gpu_is_refused_naming_them():
         assert error["error"] == "DistBackendError", error
         assert "RINGTREE_CUDA_BACKEND=nccl" in error["message"], error
         assert "ranks 0 and 1 share one GPU" in error["message"], error
+
+
+# --- torch's DDP over the torch backend "ringtree" on CUDA tensors -----------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_ddp_on_cuda_over_the_torch_backend_matches_torchs_own(world_size):
+    """Every DDP configuration of test_torch_training.py with the model and data on the GPU,
+    over backend "ringtree" (NCCL at one rank, staging where two ranks share the GPU) and
+    over torch's own backend in the same processes (nccl at one rank, gloo on CUDA tensors
+    at two): parameters and buffers equal bit for bit (a sum of two values does not depend
+    on its order), and equal across ranks."""
+    if world_size == 1 and not NCCL:
+        pytest.skip(f"no usable NCCL: {ringtree.cuda.unavailable_reason()}")
+    reference = "nccl" if world_size == 1 else "gloo"
+    ports = {reference: free_port(), "ringtree": free_port()}
+    runs = run_world("torch_training_workers:ddp_cuda", world_size, env=SHARED_GPU_ENV, timeout=240, ports=ports)
+    per_rank = [run["ok"] for run in runs]
+    for rank, by_backend in enumerate(per_rank):
+        for case, outcome in by_backend["ringtree"].items():
+            theirs = by_backend[reference][case]
+            assert "ok" in theirs, f"{reference} failed {case} on rank {rank}: {theirs['error']}"
+            assert "ok" in outcome, f"ringtree failed {case} on rank {rank}: {outcome['error']}"
+            assert outcome["ok"] == theirs["ok"], (case, rank)
+            assert outcome["ok"]["parameters"] == per_rank[0]["ringtree"][case]["ok"]["parameters"], (case, rank)
+    assert len(per_rank[0]["ringtree"]) == 12
 
 
 def _wait_for(predicate, timeout: float, what: str, procs) -> None:

@@ -5,6 +5,7 @@ functional collectives and DTensor), or the error."""
 
 from __future__ import annotations
 
+import os
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
@@ -55,12 +56,12 @@ class _Net(nn.Module):
 
 
 def _ddp_case(kwargs: dict | None = None, batch_norm: bool = False, unused: bool = False,
-              hook: str | None = None, no_sync: bool = False):
+              hook: str | None = None, no_sync: bool = False, device: str = "cpu"):
     def case(rank: int, world_size: int) -> dict[str, list[float]]:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         torch.manual_seed(0)
-        model = _Net(batch_norm, unused)
+        model = _Net(batch_norm, unused).to(device)
         # Different initial weights on every rank: the constructor's broadcast must fix them
         # (unless init_sync=False, where they start equal).
         if (kwargs or {}).get("init_sync", True):
@@ -84,8 +85,8 @@ def _ddp_case(kwargs: dict | None = None, batch_norm: bool = False, unused: bool
             optimizer.zero_grad()
             if no_sync:
                 with ddp.no_sync():
-                    ddp(torch.randn(8, 16, generator=generator)).sum().backward()
-            ddp(torch.randn(8, 16, generator=generator)).square().mean().backward()
+                    ddp(torch.randn(8, 16, generator=generator).to(device)).sum().backward()
+            ddp(torch.randn(8, 16, generator=generator).to(device)).square().mean().backward()
             optimizer.step()
         # Buffers (BatchNorm's running statistics) are broadcast before each forward, so
         # after the last step they differ between ranks, as they do under gloo.
@@ -93,24 +94,33 @@ def _ddp_case(kwargs: dict | None = None, batch_norm: bool = False, unused: bool
     return case
 
 
-DDP_CASES = {
-    "default": _ddp_case(),
-    "gradient_as_bucket_view": _ddp_case({"gradient_as_bucket_view": True}),
-    "static_graph": _ddp_case({"static_graph": True}),
-    "find_unused_parameters": _ddp_case({"find_unused_parameters": True}, unused=True),
-    "broadcast_buffers_batch_norm": _ddp_case({"broadcast_buffers": True}, batch_norm=True),
-    "no_sync": _ddp_case(no_sync=True),
-    "hook_allreduce": _ddp_case(hook="allreduce"),
-    "hook_fp16_compress": _ddp_case(hook="fp16_compress"),
-    "builtin_hook_allreduce": _ddp_case(hook="builtin_allreduce"),
-    "builtin_hook_fp16_compress": _ddp_case(hook="builtin_fp16_compress"),
-    "init_sync_false": _ddp_case({"init_sync": False}),
-    "small_buckets": _ddp_case({"bucket_cap_mb": 0.001}),
+# Each configuration: _ddp_case's arguments.
+_DDP_CONFIGURATIONS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "gradient_as_bucket_view": {"kwargs": {"gradient_as_bucket_view": True}},
+    "static_graph": {"kwargs": {"static_graph": True}},
+    "find_unused_parameters": {"kwargs": {"find_unused_parameters": True}, "unused": True},
+    "broadcast_buffers_batch_norm": {"kwargs": {"broadcast_buffers": True}, "batch_norm": True},
+    "no_sync": {"no_sync": True},
+    "hook_allreduce": {"hook": "allreduce"},
+    "hook_fp16_compress": {"hook": "fp16_compress"},
+    "builtin_hook_allreduce": {"hook": "builtin_allreduce"},
+    "builtin_hook_fp16_compress": {"hook": "builtin_fp16_compress"},
+    "init_sync_false": {"kwargs": {"init_sync": False}},
+    "small_buckets": {"kwargs": {"bucket_cap_mb": 0.001}},
 }
+DDP_CASES = {name: _ddp_case(**arguments) for name, arguments in _DDP_CONFIGURATIONS.items()}
+CUDA_DDP_CASES = {name: _ddp_case(**arguments, device="cuda") for name, arguments in _DDP_CONFIGURATIONS.items()}
 
 
 def ddp(rank: int, world_size: int, ports: dict[str, int]) -> dict:
     return _each_backend(rank, world_size, ports, DDP_CASES)
+
+
+def ddp_cuda(rank: int, world_size: int, ports: dict[str, int]) -> dict:
+    """DDP_CASES on a model and data on GPU LOCAL_RANK (every rank's, where they share one)."""
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return _each_backend(rank, world_size, ports, CUDA_DDP_CASES)
 
 
 # --- functional collectives, DTensor, FSDP2, object collectives ----------------------------
