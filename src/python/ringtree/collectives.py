@@ -111,7 +111,12 @@ def broadcast(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    pg = world.default_pg if group is None else member_group(group, "broadcast")
+    pg = world.default_pg
+    if group is None and group_src is None and pg is not None:  # the common call
+        root = pg.group_rank_of(src)  # None for what resolve_rank refuses, below
+        if root is not None:
+            return pg.engine.broadcast(tensor, root, async_op, algorithm)
+    pg = pg if group is None else member_group(group, "broadcast")
     if pg is None:
         if group is None:
             default_group()  # raises: there is no default group
@@ -152,7 +157,12 @@ def reduce(
         Async work handle, if async_op is set to True.
         None, if not async_op.
     """
-    pg = world.default_pg if group is None else member_group(group, "reduce")
+    pg = world.default_pg
+    if group is None and group_dst is None and pg is not None:  # the common call
+        root = pg.group_rank_of(dst)  # None for what resolve_rank refuses, below
+        if root is not None:
+            return pg.engine.reduce(tensor, root, op, async_op, algorithm)
+    pg = pg if group is None else member_group(group, "reduce")
     if pg is None:
         if group is None:
             default_group()  # raises: there is no default group
