@@ -182,11 +182,17 @@ void CommunicatorImpl::releaseConnections() {
   arena_.reset();
 }
 
-void CommunicatorImpl::waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline,
+void CommunicatorImpl::waitIdle(transport::Pair* const* pairs, size_t count, net::Deadline deadline,
                                 StallCheck stallCheck) {
+  std::vector<transport::Pair*> busy;  // allocates only for a pair still busy after one pass
+  for (size_t i = 0; i < count; ++i) {
+    if (pairs[i]->progress()) continue;
+    if (busy.empty()) busy.reserve(count - i);
+    busy.push_back(pairs[i]);
+  }
+  if (busy.empty()) return;
   const auto start = Clock::now();
   auto nextStallCheck = start + kStallCheckInterval;
-  std::vector<transport::Pair*> busy(pairs);
   std::vector<pollfd> fds;
   for (;;) {
     const auto spinEnd = Clock::now() + kSpinTime;

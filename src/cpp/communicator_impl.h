@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <string>
@@ -170,7 +171,15 @@ class CommunicatorImpl {
   // (Pair::checkIncoming), and stallCheck runs every kStallCheckInterval. Throws
   // WaitTimeout at deadline naming the peers still busy, WaitAborted once abort() was
   // called, and whatever a pair or stallCheck throws (NetworkError, EnvelopeMismatch).
-  void waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline, StallCheck stallCheck = {});
+  // A first pass over the pairs reads no clock and allocates nothing: a call whose
+  // messages are already done (an inline send, a message that was waiting) returns there.
+  void waitIdle(transport::Pair* const* pairs, size_t count, net::Deadline deadline, StallCheck stallCheck = {});
+  void waitIdle(std::initializer_list<transport::Pair*> pairs, net::Deadline deadline, StallCheck stallCheck = {}) {
+    waitIdle(pairs.begin(), pairs.size(), deadline, stallCheck);
+  }
+  void waitIdle(const std::vector<transport::Pair*>& pairs, net::Deadline deadline, StallCheck stallCheck = {}) {
+    waitIdle(pairs.data(), pairs.size(), deadline, stallCheck);
+  }
 
   // Any thread: makes waits throw WaitAborted (waitIdle wakes at once through the abort
   // descriptor; the node-arena waits check between sleeps of at most 50 ms) and
