@@ -111,6 +111,39 @@ int divide(void* data, size_t count, int dataType, int64_t divisor, void* stream
   return launchDivide(data, count, dataType, divisor, toStream(stream));
 }
 
+// The driver's cuDeviceGet and cuDevicePrimaryCtxGetState (CUresult and CUdevice are ints),
+// found through the runtime: the library does not link the driver library.
+using DeviceGetFunction = int (*)(int* device, int ordinal);
+using PrimaryContextStateFunction = int (*)(int device, unsigned int* flags, int* active);
+
+void* driverFunction(const char* name) {
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  const cudaError_t error = cudaGetDriverEntryPointByVersion(name, &function, 12000, cudaEnableDefault, &found);
+#else
+  const cudaError_t error = cudaGetDriverEntryPoint(name, &function, cudaEnableDefault, &found);
+#endif
+  if (error != cudaSuccess) (void)cudaGetLastError();
+  return error == cudaSuccess && found == cudaDriverEntryPointSuccess ? function : nullptr;
+}
+
+// Where the driver cannot say whether the context is active, the device is set (what
+// setDevice does): a context too many rather than a thread left on the wrong device.
+int setDeviceIfActive(int device) {
+  static const auto deviceGet = reinterpret_cast<DeviceGetFunction>(driverFunction("cuDeviceGet"));
+  static const auto contextState =
+      reinterpret_cast<PrimaryContextStateFunction>(driverFunction("cuDevicePrimaryCtxGetState"));
+  int handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (deviceGet != nullptr && contextState != nullptr && deviceGet(&handle, device) == 0 &&
+      contextState(handle, &flags, &active) == 0 && active == 0) {
+    return cudaSuccess;
+  }
+  return cudaSetDevice(device);
+}
+
 RingtreeGpuApi makeApi() {
   RingtreeGpuApi api{};
   api.version = RINGTREE_GPU_API_VERSION;
@@ -137,6 +170,7 @@ RingtreeGpuApi makeApi() {
   api.reduce = &reduce;
   api.scale = &scale;
   api.divide = &divide;
+  api.setDeviceIfActive = &setDeviceIfActive;
   return api;
 }
 

@@ -313,6 +313,28 @@ TEST_P(CudaBackendTest, EveryOperationGivesTheCpuEnginesResult) {
 
 // Buffers with every of their ranks on the group's device; a receive from any source
 // where the backend has one (staging: the CPU engine's).
+// No thread ringtree drives (callers that never chose a device, the watchdog, a thread
+// waiting for a Work, the CPU engine's thread finishing a staged receive) makes a context
+// on GPU 0 when the group's GPUs are others: each would cost every rank hundreds of MiB.
+TEST_P(CudaBackendTest, NoContextIsMadeOnADeviceTheGroupDoesNotUse) {
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    const int device = GetParam() == Kind::kNccl ? rank + 1 : 1;
+    const auto group = ProcessGroup::create(store, rank, 2, test::testOptions());
+    DeviceBuffer buffer(device, Bytes(64));  // this thread's device is now `device`
+    const BufferView view(buffer.data(), 16, DataType::kFloat32, Device{DeviceType::kCuda, device});
+    group->allreduce(view);
+    const std::shared_ptr<Work> work = group->allreduceAsync(view);
+    // A thread that never chose a device (as torch's pool threads) waits for it.
+    std::thread([&] { EXPECT_TRUE(work->wait()); }).join();
+    waitUntilCompleted(work);
+    waitUntilCompleted(rank == 1 ? group->isend(view, 0, 7) : group->irecv(view, 1, 7));
+    group->shutdown();
+  });
+  EXPECT_TRUE(fake::contextActive(1));
+  EXPECT_FALSE(fake::contextActive(0));
+}
+
 TEST_P(CudaBackendTest, RefusesWhatItCannotServe) {
   const std::shared_ptr<Store> store = test::freshStore();
   test::runOnThreads(2, [&](int rank) {
@@ -580,6 +602,34 @@ TEST_F(NcclBackendTest, PremulSumUsesNcclsOpWhereItHasOneAndRingtreesKernelsElse
     EXPECT_EQ(fake::counters().redOpsCreated, optional ? 2 : 0) << "optional symbols " << optional;
     EXPECT_EQ(fake::counters().send > 0, !optional) << "optional symbols " << optional;
   }
+}
+
+// An NCCL call that fails inside a group ends the group before the failure aborts the
+// communicator (NCCL frees an aborted communicator, which the open group holds).
+TEST_F(NcclBackendTest, AFailureInsideAGroupEndsTheGroupBeforeTheAbort) {
+  fake::setStallTimeout(std::chrono::milliseconds(300));
+  fake::failNextSend(0, cuda::kNcclSystemError);
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    const auto group = ProcessGroup::create(store, rank, 2, test::testOptions());
+    DeviceBuffer in(rank, Bytes(16));
+    DeviceBuffer out(rank, Bytes(16));
+    const int peer = 1 - rank;
+    const std::vector<PointToPointOp> ops = {{false, onDevice(out, 4, rank), peer, 0},
+                                             {true, onDevice(in, 4, rank), peer, 0}};
+    if (rank == 0) {
+      const std::string message = messageOf<Error>([&] { group->batchIsendIrecv(ops); });
+      EXPECT_TRUE(test::contains(message, "ncclSend failed")) << message;
+    } else {
+      try {  // its peer never sends: it fails too, how does not matter here
+        for (const auto& work : group->batchIsendIrecv(ops)) waitUntilCompleted(work);
+      } catch (const std::exception&) {
+      }
+    }
+    group->abort();
+  });
+  EXPECT_GE(fake::counters().commsAborted, 1);
+  EXPECT_EQ(fake::counters().groupEndsOnAbortedComms, 0);
 }
 
 // NCCL's one-rank path leaves some tails unscaled: one rank scales with ringtree's kernel.

@@ -90,6 +90,7 @@ int memcpyAsync(void*, const void*, size_t, void*) { return 0; }
 int reduce(void*, const void*, size_t, int, int, void*) { return 0; }
 int scale(void*, size_t, int, double, void*) { return 0; }
 int divide(void*, size_t, int, int64_t, void*) { return 0; }
+int setDeviceIfActive(int) { return 0; }
 
 const RingtreeGpuApi kTable = {
     FAKE_GPU_SPEAKS,
@@ -116,6 +117,7 @@ const RingtreeGpuApi kTable = {
     reduce,
     scale,
     divide,
+    setDeviceIfActive,
 };
 
 }  // namespace

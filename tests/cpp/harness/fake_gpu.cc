@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -255,6 +256,8 @@ struct Machine {
 
   // Devices, streams, events, memory.
   int deviceCount = kDefaultDeviceCount;
+  // Devices whose primary context a runtime call made (see InContext).
+  std::set<int> contexts;
   std::map<int, std::shared_ptr<StreamCore>> nullStreams;
   std::unordered_map<void*, std::shared_ptr<StreamCore>> streams;
   std::vector<std::weak_ptr<StreamCore>> allStreams;  // destroyed ones too, while they run
@@ -277,6 +280,7 @@ struct Machine {
   int uniqueIdFailure = 0;
   std::map<int, int> initFailures;  // by rank, -1 any
   std::map<int, int> hangsByRank;
+  std::map<int, int> sendFailures;  // by rank: what its next send returns
   std::map<int, int> asyncByRank;
 
   Counters counters;
@@ -693,6 +697,13 @@ int enqueue(Kind kind, const void* send, void* recv, size_t count, int type, int
       return ncclFailure(cuda::kNcclInvalidArgument, "reduction op not supported on this data type");
     }
   }
+  if (kind == Kind::kSend) {
+    if (auto it = m.sendFailures.find(comm->initRank); it != m.sendFailures.end()) {
+      const int result = it->second;
+      m.sendFailures.erase(it);
+      return ncclFailure(result, "injected send failure");
+    }
+  }
   if ((isRooted(kind) || isPointToPoint(kind)) && (peer < 0 || peer >= comm->nranks)) {
     return ncclFailure(cuda::kNcclInvalidArgument, isRooted(kind) ? "invalid root" : "invalid peer");
   }
@@ -809,8 +820,34 @@ int cudaSetDevice(int device) {
   std::lock_guard<std::mutex> lock(m.mutex);
   if (!validDevice(m, device)) return noDeviceError(m);
   currentDevice = device;
+  m.contexts.insert(device);  // as CUDA 12 and later: setting a device makes its context
   return kCudaSuccess;
 }
+
+int cudaSetDeviceIfActive(int device) {
+  Machine& m = machine();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  if (!validDevice(m, device)) return noDeviceError(m);
+  if (m.contexts.count(device) != 0) currentDevice = device;
+  return kCudaSuccess;
+}
+
+// A runtime call that needs a context makes the calling thread's current device's primary
+// context, as the CUDA runtime does on a thread's first such call.
+template <typename Signature, Signature Function>
+struct InContext;
+template <typename... Args, int (*Function)(Args...)>
+struct InContext<int (*)(Args...), Function> {
+  static int call(Args... args) {
+    {
+      Machine& m = machine();
+      std::lock_guard<std::mutex> lock(m.mutex);
+      if (validDevice(m, currentDevice)) m.contexts.insert(currentDevice);
+    }
+    return Function(args...);
+  }
+};
+#define RINGTREE_IN_CONTEXT(function) &InContext<decltype(&function), &function>::call
 
 int cudaGetDevice(int* device) {
   if (device == nullptr) return kCudaErrorInvalidValue;
@@ -1091,21 +1128,22 @@ RingtreeGpuApi makeGpuApi() {
   api.setDevice = cudaSetDevice;
   api.getDevice = cudaGetDevice;
   api.pointerDevice = cudaPointerDevice;
-  api.streamCreate = cudaStreamCreate;
-  api.streamDestroy = cudaStreamDestroy;
-  api.streamWaitEvent = cudaStreamWaitEvent;
-  api.streamSynchronize = cudaStreamSynchronize;
-  api.eventCreate = cudaEventCreate;
-  api.eventDestroy = cudaEventDestroy;
-  api.eventRecord = cudaEventRecord;
-  api.eventQuery = cudaEventQuery;
-  api.eventSynchronize = cudaEventSynchronize;
-  api.deviceMalloc = cudaDeviceMalloc;
-  api.deviceFree = cudaDeviceFree;
-  api.memcpyAsync = cudaMemcpyAsync;
-  api.reduce = cudaReduce;
-  api.scale = cudaScale;
-  api.divide = cudaDivide;
+  api.streamCreate = RINGTREE_IN_CONTEXT(cudaStreamCreate);
+  api.streamDestroy = RINGTREE_IN_CONTEXT(cudaStreamDestroy);
+  api.streamWaitEvent = RINGTREE_IN_CONTEXT(cudaStreamWaitEvent);
+  api.streamSynchronize = RINGTREE_IN_CONTEXT(cudaStreamSynchronize);
+  api.eventCreate = RINGTREE_IN_CONTEXT(cudaEventCreate);
+  api.eventDestroy = RINGTREE_IN_CONTEXT(cudaEventDestroy);
+  api.eventRecord = RINGTREE_IN_CONTEXT(cudaEventRecord);
+  api.eventQuery = RINGTREE_IN_CONTEXT(cudaEventQuery);
+  api.eventSynchronize = RINGTREE_IN_CONTEXT(cudaEventSynchronize);
+  api.deviceMalloc = RINGTREE_IN_CONTEXT(cudaDeviceMalloc);
+  api.deviceFree = RINGTREE_IN_CONTEXT(cudaDeviceFree);
+  api.memcpyAsync = RINGTREE_IN_CONTEXT(cudaMemcpyAsync);
+  api.reduce = RINGTREE_IN_CONTEXT(cudaReduce);
+  api.scale = RINGTREE_IN_CONTEXT(cudaScale);
+  api.divide = RINGTREE_IN_CONTEXT(cudaDivide);
+  api.setDeviceIfActive = cudaSetDeviceIfActive;
   return api;
 }
 
@@ -1362,6 +1400,18 @@ int ncclGroupEnd() {
     ++m.counters.groupEnd;
   }
   if (--group.depth > 0) return cuda::kNcclSuccess;
+  {
+    // Real NCCL frees an aborted communicator: ending a group that holds one reads freed
+    // memory. Counted, so that tests catch it.
+    Machine& m = machine();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    for (const auto& entry : group.ops) {
+      if (entry.second->comm->aborted) {
+        ++m.counters.groupEndsOnAbortedComms;
+        break;
+      }
+    }
+  }
   // One unit per stream, in the order of the streams' first operations.
   std::vector<std::pair<std::shared_ptr<StreamCore>, std::vector<std::shared_ptr<Op>>>> units;
   for (auto& [core, op] : group.ops) {
@@ -1466,12 +1516,14 @@ void reset() {
   m.uniqueIdFailure = 0;
   m.initFailures.clear();
   m.hangsByRank.clear();
+  m.sendFailures.clear();
   m.asyncByRank.clear();
   for (auto& [handle, comm] : m.comms) {
     comm->hangs = 0;
     comm->asyncOverride = 0;
   }
   m.counters = Counters{};
+  m.contexts.clear();
   lastNcclError.store("");
   currentDevice = 0;
 }
@@ -1537,6 +1589,12 @@ void failCommInitRank(int result, int rank) {
   }
 }
 
+void failNextSend(int rank, int result) {
+  Machine& m = machine();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  m.sendFailures[rank] = result;
+}
+
 void hangNextCollective(int rank) {
   Machine& m = machine();
   std::lock_guard<std::mutex> lock(m.mutex);
@@ -1563,6 +1621,12 @@ void setAsyncErrorOn(cuda::NcclComm handle, int result) {
   Machine& m = machine();
   std::lock_guard<std::mutex> lock(m.mutex);
   if (auto comm = findComm(m, handle)) comm->asyncOverride = result;
+}
+
+bool contextActive(int device) {
+  Machine& m = machine();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  return m.contexts.count(device) != 0;
 }
 
 Counters counters() {

@@ -157,6 +157,9 @@ void failGetUniqueId(int result);
 // commInitRank by rank (-1: by any rank) returns result at once, without joining, until
 // called again with 0 for that rank (-1 first: a rank's own setting wins).
 void failCommInitRank(int result, int rank = -1);
+// The next send on a communicator of rank returns result (a non-zero NcclResult) at the
+// call, enqueueing nothing.
+void failNextSend(int rank, int result);
 // The next operation (collective, send or recv) enqueued on a communicator of rank hangs:
 // its stream runs nothing after it until that communicator is aborted. Calls add up.
 void hangNextCollective(int rank);
@@ -186,6 +189,9 @@ struct Counters {
   int recv = 0;
   int groupStart = 0;
   int groupEnd = 0;
+  // Outermost groupEnd calls whose group held an operation of an aborted communicator
+  // (real NCCL has freed it by then).
+  int groupEndsOnAbortedComms = 0;
   int redOpsCreated = 0;
   int redOpsDestroyed = 0;
   int streamsCreated = 0;
@@ -199,6 +205,10 @@ struct Counters {
   void* lastCollectiveStream = nullptr;
 };
 Counters counters();
+
+// Whether a runtime call made `device`'s primary context since the last reset(): setDevice
+// to it, or a call needing a context on a thread whose current device it was.
+bool contextActive(int device);
 
 // Objects alive now, whenever made (reset() leaves them): a test compares these before and
 // after to find leaks. Null streams are not counted.

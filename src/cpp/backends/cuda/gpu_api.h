@@ -67,6 +67,12 @@ typedef struct RingtreeGpuApi {
   int (*reduce)(void* inout, const void* in, size_t count, int dataType, int reduceOp, void* stream);
   int (*scale)(void* data, size_t count, int dataType, double factor, void* stream);
   int (*divide)(void* data, size_t count, int dataType, int64_t divisor, void* stream);
+
+  // Makes `device` the calling thread's device only where that device's primary context
+  // is active already, and leaves the thread's device as it is otherwise (0 either way):
+  // for putting back a thread's earlier device without creating a context there (a thread
+  // that never chose a device reads device 0, and a context costs hundreds of MiB).
+  int (*setDeviceIfActive)(int device);
 } RingtreeGpuApi;
 
 // The library's one exported symbol: its table when it speaks `version`, else null.

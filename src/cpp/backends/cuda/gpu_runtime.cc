@@ -88,6 +88,7 @@ void checkTable(const RingtreeGpuApi& api, const std::string& path) {
       {"reduce", api.reduce != nullptr},
       {"scale", api.scale != nullptr},
       {"divide", api.divide != nullptr},
+      {"setDeviceIfActive", api.setDeviceIfActive != nullptr},
   };
   for (const auto& [name, present] : members) {
     if (!present) throw Error(path + "'s GPU interface has no " + name + ": not a usable ringtree CUDA library");

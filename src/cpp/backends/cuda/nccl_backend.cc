@@ -98,7 +98,9 @@ ReducePlan planReduction(DataType type, ReduceOp op, bool ncclHasPremul) {
   return plan;
 }
 
-// Sets the calling thread's device for a scope and puts the previous one back.
+// Sets the calling thread's device for a scope and puts the previous one back where it has
+// a context (setDeviceIfActive: a thread that never chose a device reads device 0, and
+// putting that back would make a context on GPU 0 for every rank).
 class DeviceGuard {
  public:
   DeviceGuard(const RingtreeGpuApi& gpu, int device) : gpu_(gpu) {
@@ -107,7 +109,7 @@ class DeviceGuard {
   }
   ~DeviceGuard() {
     int current = -1;
-    if (previous_ >= 0 && gpu_.getDevice(&current) == 0 && current != previous_) gpu_.setDevice(previous_);
+    if (previous_ >= 0 && gpu_.getDevice(&current) == 0 && current != previous_) gpu_.setDeviceIfActive(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -500,8 +502,11 @@ class NcclBackend final : public DeviceBackend {
       const int recorded = backend_.gpu_.eventRecord(done, backend_.stream_);
       if (recorded != 0) backend_.recycle(done);
       cuda("recording its end", recorded);
+      // Before the event goes to the watchdog, which may destroy it at once (when the
+      // backend failed meanwhile).
+      const int ordered = backend_.gpu_.streamWaitEvent(callerStream_, done);
       backend_.track(done, opName_, nullptr, timeout_);
-      cuda("ordering the caller's stream after it", backend_.gpu_.streamWaitEvent(callerStream_, done));
+      cuda("ordering the caller's stream after it", ordered);
       return nullptr;
     }
 
@@ -520,7 +525,7 @@ class NcclBackend final : public DeviceBackend {
         if (gpu->getDevice(&previous) != 0) previous = -1;
         if (previous != device.index) gpu->setDevice(device.index);
         const bool ordered = gpu->streamWaitEvent(currentStream(device), event.get()) == 0;
-        if (previous >= 0 && previous != device.index) gpu->setDevice(previous);
+        if (previous >= 0 && previous != device.index) gpu->setDeviceIfActive(previous);
         return ordered;
       });
       backend_.track(raw, opName_, work, timeout_, std::move(event));
@@ -532,8 +537,19 @@ class NcclBackend final : public DeviceBackend {
     // Lets other calls in before this object ends (a host-side wait).
     void unlock() { lock_.unlock(); }
 
+    // Group's bookkeeping of the ncclGroupStart calls not yet ended.
+    void groupStarted() { ++openGroups_; }
+    bool groupEnding() {
+      if (openGroups_ == 0) return false;
+      --openGroups_;
+      return true;
+    }
+
    private:
     [[noreturn]] void raise(const std::exception_ptr& error) {
+      // The groups still open end first: failing the backend aborts the communicator,
+      // which NCCL frees, and they hold it.
+      for (; openGroups_ > 0; --openGroups_) backend_.nccl_->groupEnd();
       if (enqueued_) backend_.fail(error);
       std::rethrow_exception(error);
     }
@@ -545,6 +561,7 @@ class NcclBackend final : public DeviceBackend {
     DeviceGuard guard_;
     void* callerStream_ = nullptr;
     bool enqueued_ = false;
+    int openGroups_ = 0;
   };
 
   // ncclGroupStart ... ncclGroupEnd around the point-to-point calls of one operation.
@@ -552,13 +569,15 @@ class NcclBackend final : public DeviceBackend {
    public:
     explicit Group(Enqueue& call) : call_(call), nccl_(*call.backend().nccl_) {
       call_.nccl("ncclGroupStart", nccl_.groupStart());
+      call_.groupStarted();
     }
     void end() {
       open_ = false;
-      call_.nccl("ncclGroupEnd", nccl_.groupEnd());
+      if (call_.groupEnding()) call_.nccl("ncclGroupEnd", nccl_.groupEnd());
     }
     ~Group() {
-      if (open_) nccl_.groupEnd();  // unwinding: close the group, the error is already thrown
+      // Unwinding from an exception that did not end it (a failure's raise ends it first).
+      if (open_ && call_.groupEnding()) nccl_.groupEnd();
     }
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;
@@ -888,6 +907,9 @@ class NcclBackend final : public DeviceBackend {
   // or on an operation past its deadline. Polls every 50 us to 1 ms while operations are
   // pending (backing off while nothing finishes), sleeps while none is.
   void watch() {
+    // Its CUDA calls (event queries, destroys) work in the group's device's context; on a
+    // thread with no device chosen they would make one on device 0.
+    gpu_.setDevice(device_.index);
     auto pause = std::chrono::microseconds(50);
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopWatching_) {

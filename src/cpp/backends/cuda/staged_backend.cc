@@ -233,7 +233,7 @@ class StagedBackend final : public DeviceBackend {
                        ? 0
                        : gpu->memcpyAsync(copy->device.data, copy->bytes.data(), copy->bytes.size(), nullptr);
       if (result == 0) result = gpu->streamSynchronize(nullptr);
-      if (previous >= 0 && previous != device) gpu->setDevice(previous);
+      if (previous >= 0 && previous != device) gpu->setDeviceIfActive(previous);
       if (result != 0) {
         work->finish(std::make_exception_ptr(
             Error(where + ": CUDA failed copying back to device memory: " + gpu->errorString(result))));
@@ -262,7 +262,9 @@ class StagedBackend final : public DeviceBackend {
       check("waiting for the caller's stream", gpu.streamSynchronize(stream_));
     }
     ~Call() {
-      if (previousDevice_ >= 0 && previousDevice_ != backend_.device_.index) backend_.gpu_.setDevice(previousDevice_);
+      if (previousDevice_ >= 0 && previousDevice_ != backend_.device_.index) {
+        backend_.gpu_.setDeviceIfActive(previousDevice_);  // see setDeviceIfActive
+      }
     }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
