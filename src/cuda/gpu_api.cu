@@ -118,14 +118,20 @@ using PrimaryContextStateFunction = int (*)(int device, unsigned int* flags, int
 
 void* driverFunction(const char* name) {
   void* function = nullptr;
+#if CUDART_VERSION >= 12000
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050
   const cudaError_t error = cudaGetDriverEntryPointByVersion(name, &function, 12000, cudaEnableDefault, &found);
 #else
   const cudaError_t error = cudaGetDriverEntryPoint(name, &function, cudaEnableDefault, &found);
 #endif
+  const bool ok = error == cudaSuccess && found == cudaDriverEntryPointSuccess;
+#else  // CUDA 11.3-11.8
+  const cudaError_t error = cudaGetDriverEntryPoint(name, &function, cudaEnableDefault);
+  const bool ok = error == cudaSuccess;
+#endif
   if (error != cudaSuccess) (void)cudaGetLastError();
-  return error == cudaSuccess && found == cudaDriverEntryPointSuccess ? function : nullptr;
+  return ok ? function : nullptr;
 }
 
 // Where the driver cannot say whether the context is active, the device is set (what

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,7 +73,10 @@ class DeviceBuffer {
     if (!bytes.empty()) { EXPECT_EQ(gpu.memcpyAsync(data_, bytes.data(), bytes.size(), nullptr), 0); }
     EXPECT_EQ(gpu.streamSynchronize(nullptr), 0);
   }
-  ~DeviceBuffer() { fake::gpuApi().deviceFree(data_); }
+  ~DeviceBuffer() {
+    fake::gpuApi().setDevice(device_);  // as a CUDA program would: the free needs a context
+    fake::gpuApi().deviceFree(data_);
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
@@ -316,20 +320,22 @@ TEST_P(CudaBackendTest, EveryOperationGivesTheCpuEnginesResult) {
 // No thread ringtree drives (callers that never chose a device, the watchdog, a thread
 // waiting for a Work, the CPU engine's thread finishing a staged receive) makes a context
 // on GPU 0 when the group's GPUs are others: each would cost every rank hundreds of MiB.
+// The rank threads never choose a device: their buffers are made on other threads.
 TEST_P(CudaBackendTest, NoContextIsMadeOnADeviceTheGroupDoesNotUse) {
   const std::shared_ptr<Store> store = test::freshStore();
   test::runOnThreads(2, [&](int rank) {
     const int device = GetParam() == Kind::kNccl ? rank + 1 : 1;
+    std::optional<DeviceBuffer> buffer;
+    std::thread([&] { buffer.emplace(device, Bytes(64)); }).join();
     const auto group = ProcessGroup::create(store, rank, 2, test::testOptions());
-    DeviceBuffer buffer(device, Bytes(64));  // this thread's device is now `device`
-    const BufferView view(buffer.data(), 16, DataType::kFloat32, Device{DeviceType::kCuda, device});
+    const BufferView view(buffer->data(), 16, DataType::kFloat32, Device{DeviceType::kCuda, device});
     group->allreduce(view);
     const std::shared_ptr<Work> work = group->allreduceAsync(view);
-    // A thread that never chose a device (as torch's pool threads) waits for it.
     std::thread([&] { EXPECT_TRUE(work->wait()); }).join();
     waitUntilCompleted(work);
     waitUntilCompleted(rank == 1 ? group->isend(view, 0, 7) : group->irecv(view, 1, 7));
     group->shutdown();
+    std::thread([&] { buffer.reset(); }).join();
   });
   EXPECT_TRUE(fake::contextActive(1));
   EXPECT_FALSE(fake::contextActive(0));
@@ -630,6 +636,26 @@ TEST_F(NcclBackendTest, AFailureInsideAGroupEndsTheGroupBeforeTheAbort) {
   });
   EXPECT_GE(fake::counters().commsAborted, 1);
   EXPECT_EQ(fake::counters().groupEndsOnAbortedComms, 0);
+}
+
+// As NoContextIsMadeOnADeviceTheGroupDoesNotUse, when a group is aborted with operations still on its stream, from threads that
+// never chose a device.
+TEST_F(NcclBackendTest, AbortingWithOperationsPendingMakesNoContextOnDevice0) {
+  fake::hangNextCollective(0);
+  fake::hangNextCollective(1);
+  const std::shared_ptr<Store> store = test::freshStore();
+  test::runOnThreads(2, [&](int rank) {
+    const int device = rank + 1;
+    std::optional<DeviceBuffer> buffer;
+    std::thread([&] { buffer.emplace(device, Bytes(64)); }).join();
+    const auto group = ProcessGroup::create(store, rank, 2, test::testOptions());
+    group->allreduce(onDevice(*buffer, 16, device));  // enqueued; its stream then hangs
+    std::shared_ptr<Work> work = group->allreduceAsync(onDevice(*buffer, 16, device));
+    std::thread([&] { group->abort(); }).join();
+    std::thread([&] { work.reset(); }).join();  // the last holder of its event
+    std::thread([&] { buffer.reset(); }).join();
+  });
+  EXPECT_FALSE(fake::contextActive(0));
 }
 
 // NCCL's one-rank path leaves some tails unscaled: one rank scales with ringtree's kernel.

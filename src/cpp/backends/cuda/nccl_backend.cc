@@ -516,10 +516,14 @@ class NcclBackend final : public DeviceBackend {
       const RingtreeGpuApi* gpu = &backend_.gpu_;
       void* raw = nullptr;
       cuda("creating an event", gpu->eventCreate(&raw));
-      std::shared_ptr<void> event(raw, [gpu](void* created) { gpu->eventDestroy(created); });
+      const Device device = backend_.device_;
+      // Whichever thread lets go of the Work last destroys it: on the group's device.
+      std::shared_ptr<void> event(raw, [gpu, device](void* created) {
+        DeviceGuard guard(*gpu, device.index);
+        gpu->eventDestroy(created);
+      });
       cuda("recording its end", gpu->eventRecord(raw, backend_.stream_));
       auto work = std::make_shared<Work>(opName_, submission.keepAlive);
-      const Device device = backend_.device_;
       work->setStreamWait([gpu, event, device] {
         int previous = -1;
         if (gpu->getDevice(&previous) != 0) previous = -1;
@@ -1016,6 +1020,10 @@ class NcclBackend final : public DeviceBackend {
   // Aborting never waits for the enqueueing lock (a call may be blocked inside NCCL, which
   // the abort releases); destroying takes it, so that no call is inside NCCL meanwhile.
   void close(bool abort, const char* how) {
+    // Any thread may close: the events' destroys, NCCL's own device switching in abort and
+    // destroy, and the owned events' deleters (when `left` ends, after the guard's
+    // declaration, so before it) run on the group's device.
+    DeviceGuard guard(gpu_, device_.index);
     std::vector<Pending> left;
     {
       std::lock_guard<std::mutex> lock(mutex_);
