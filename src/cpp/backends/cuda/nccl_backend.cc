@@ -16,6 +16,7 @@
 
 #include <ringtree/error.h>
 
+#include "backends/cuda/device_guard.h"
 #include "backends/cuda/nccl_loader.h"
 
 namespace ringtree::cuda {
@@ -97,27 +98,6 @@ ReducePlan planReduction(DataType type, ReduceOp op, bool ncclHasPremul) {
   }
   return plan;
 }
-
-// Sets the calling thread's device for a scope and puts the previous one back where it has
-// a context (setDeviceIfActive: a thread that never chose a device reads device 0, and
-// putting that back would make a context on GPU 0 for every rank).
-class DeviceGuard {
- public:
-  DeviceGuard(const RingtreeGpuApi& gpu, int device) : gpu_(gpu) {
-    if (gpu_.getDevice(&previous_) != 0) previous_ = -1;
-    if (previous_ != device) gpu_.setDevice(device);
-  }
-  ~DeviceGuard() {
-    int current = -1;
-    if (previous_ >= 0 && gpu_.getDevice(&current) == 0 && current != previous_) gpu_.setDeviceIfActive(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  const RingtreeGpuApi& gpu_;
-  int previous_ = -1;
-};
 
 // An operation enqueued on the backend's stream and not yet seen finished.
 struct Pending {
@@ -525,12 +505,8 @@ class NcclBackend final : public DeviceBackend {
       cuda("recording its end", gpu->eventRecord(raw, backend_.stream_));
       auto work = std::make_shared<Work>(opName_, submission.keepAlive);
       work->setStreamWait([gpu, event, device] {
-        int previous = -1;
-        if (gpu->getDevice(&previous) != 0) previous = -1;
-        if (previous != device.index) gpu->setDevice(device.index);
-        const bool ordered = gpu->streamWaitEvent(currentStream(device), event.get()) == 0;
-        if (previous >= 0 && previous != device.index) gpu->setDeviceIfActive(previous);
-        return ordered;
+        DeviceGuard guard(*gpu, device.index);
+        return gpu->streamWaitEvent(currentStream(device), event.get()) == 0;
       });
       backend_.track(raw, opName_, work, timeout_, std::move(event));
       return work;

@@ -9,6 +9,8 @@
 
 #include <ringtree/error.h>
 
+#include "backends/cuda/device_guard.h"
+
 namespace ringtree::cuda {
 
 namespace {
@@ -226,14 +228,14 @@ class StagedBackend final : public DeviceBackend {
         work->finish(received.exception());
         return;
       }
-      int previous = -1;
-      if (gpu->getDevice(&previous) != 0) previous = -1;
-      gpu->setDevice(device);
-      int result = copy->bytes.empty()
-                       ? 0
-                       : gpu->memcpyAsync(copy->device.data, copy->bytes.data(), copy->bytes.size(), nullptr);
-      if (result == 0) result = gpu->streamSynchronize(nullptr);
-      if (previous >= 0 && previous != device) gpu->setDeviceIfActive(previous);
+      int result = 0;
+      {
+        DeviceGuard guard(*gpu, device);
+        if (!copy->bytes.empty()) {
+          result = gpu->memcpyAsync(copy->device.data, copy->bytes.data(), copy->bytes.size(), nullptr);
+        }
+        if (result == 0) result = gpu->streamSynchronize(nullptr);
+      }
       if (result != 0) {
         work->finish(std::make_exception_ptr(
             Error(where + ": CUDA failed copying back to device memory: " + gpu->errorString(result))));
@@ -255,16 +257,12 @@ class StagedBackend final : public DeviceBackend {
   class Call {
    public:
     Call(StagedBackend& backend, const char* opName)
-        : backend_(backend), opName_(opName), stream_(currentStream(backend.device_)) {
-      const RingtreeGpuApi& gpu = backend_.gpu_;
-      if (gpu.getDevice(&previousDevice_) != 0) previousDevice_ = -1;
-      if (previousDevice_ != backend_.device_.index) check("setting the device", gpu.setDevice(backend_.device_.index));
-      check("waiting for the caller's stream", gpu.streamSynchronize(stream_));
-    }
-    ~Call() {
-      if (previousDevice_ >= 0 && previousDevice_ != backend_.device_.index) {
-        backend_.gpu_.setDeviceIfActive(previousDevice_);  // see setDeviceIfActive
-      }
+        : backend_(backend),
+          opName_(opName),
+          stream_(currentStream(backend.device_)),
+          guard_(backend.gpu_, backend.device_.index) {
+      check("setting the device", guard_.result());
+      check("waiting for the caller's stream", backend_.gpu_.streamSynchronize(stream_));
     }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
@@ -327,7 +325,7 @@ class StagedBackend final : public DeviceBackend {
     StagedBackend& backend_;
     const char* opName_;
     void* stream_;
-    int previousDevice_ = -1;
+    DeviceGuard guard_;
   };
 
   static std::vector<BufferView> views(const std::vector<HostCopy>& copies) {
