@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Checks the C++ SDK the way a user consumes it: builds and installs ringtree into fresh
-# prefixes (static, and shared with BUILD_SHARED_LIBS=ON), builds examples/cpp against each
-# with find_package and once with add_subdirectory, and runs every build with --nproc 3 and
-# under `ringtree-run --no-python` (skipped only when ringtree-run is not installed). For
-# the shared library it also checks that only ringtree:: symbols are exported.
-# Everything happens in one temporary directory, removed on exit. RINGTREE_CONSUMER_STATIC_BUILD
-# names a build tree of the static library already built from this source (tests/run_all.sh
-# passes its test build): the static variant installs from it instead of building again.
+# Checks the C++ SDK the way a user consumes it: builds examples/cpp with ringtree's source
+# through add_subdirectory (as a shared library, BUILD_SHARED_LIBS=ON), installs ringtree into
+# fresh prefixes (static from a top-level build; shared from that add_subdirectory build with
+# RINGTREE_INSTALL=ON), builds examples/cpp against each with find_package, and runs every
+# build with --nproc 3 and under `ringtree-run --no-python` (skipped only when ringtree-run
+# is not installed). For the shared library it also checks that only ringtree:: symbols are
+# exported. Everything happens in one temporary directory, removed on exit.
+# RINGTREE_CONSUMER_STATIC_BUILD names a build tree of the static library already built
+# from this source (tests/run_all.sh passes its test build): the static variant installs
+# from it instead of building again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 jobs=${RINGTREE_CHECK_JOBS:-2}
@@ -28,18 +30,27 @@ run_example() {
   fi
 }
 
+# The shared library is built once, inside the example project through add_subdirectory
+# (with RINGTREE_INSTALL=ON, a subproject's way to install it): that build's example is the
+# add_subdirectory check, and its install is the shared prefix find_package is checked on.
+step "shared: build ringtree and the example via add_subdirectory"
+cmake -S "$root/examples/cpp" -B "$tmp/example-subdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DRINGTREE_SOURCE_DIR="$root" -DBUILD_SHARED_LIBS=ON -DRINGTREE_INSTALL=ON >/dev/null
+cmake --build "$tmp/example-subdir" -j "$jobs" >/dev/null
+run_example "$tmp/example-subdir/allreduce_example"
+
 for variant in static shared; do
-  shared=OFF
-  [[ $variant == shared ]] && shared=ON
-  build=$tmp/build-$variant
-  if [[ $variant == static && -n $static_build ]]; then
+  if [[ $variant == shared ]]; then
+    step "shared: install ringtree from the add_subdirectory build"
+    build=$tmp/example-subdir
+  elif [[ -n $static_build ]]; then
     step "static: install ringtree from $static_build"
     build=$static_build
   else
-    step "$variant: build and install ringtree"
+    step "static: build and install ringtree"
+    build=$tmp/build-static
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=$shared -DRINGTREE_BUILD_TESTS=OFF -DRINGTREE_BUILD_BENCHMARKS=OFF \
-      -DRINGTREE_BUILD_PYTHON=OFF >/dev/null
+      -DRINGTREE_BUILD_TESTS=OFF -DRINGTREE_BUILD_BENCHMARKS=OFF -DRINGTREE_BUILD_PYTHON=OFF >/dev/null
     cmake --build "$build" -j "$jobs" >/dev/null
   fi
   cmake --install "$build" --prefix "$tmp/prefix-$variant" >/dev/null
@@ -48,6 +59,10 @@ for variant in static shared; do
     [[ -f $cfg/$f ]] || { echo "check_consumer: $cfg/$f was not installed" >&2; exit 1; }
   done
 
+  if [[ $variant == shared && ! -f $tmp/prefix-shared/lib/libringtree.so ]]; then
+    echo "check_consumer: the shared install has no lib/libringtree.so" >&2
+    exit 1
+  fi
   if [[ $variant == shared ]] && command -v nm >/dev/null && command -v c++filt >/dev/null; then
     leaked=$(nm -D --defined-only "$tmp/prefix-shared/lib/libringtree.so" | c++filt |
       grep -v -E ' (ringtree::|(vtable|typeinfo|typeinfo name) for ringtree::)' || true)
@@ -65,9 +80,4 @@ for variant in static shared; do
   run_example "$tmp/example-$variant/allreduce_example"
 done
 
-step "example via add_subdirectory"
-cmake -S "$root/examples/cpp" -B "$tmp/example-subdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DRINGTREE_SOURCE_DIR="$root" >/dev/null
-cmake --build "$tmp/example-subdir" -j "$jobs" >/dev/null
-run_example "$tmp/example-subdir/allreduce_example"
 step "all passed"
