@@ -25,3 +25,47 @@ def test_result_and_future_in_one_process(world1):
     assert work.get_future().wait() == [t]
     assert work.result()[0] is t
     assert ringtree.Work.get_future.__doc__ and "torch.futures.Future" in ringtree.Work.get_future.__doc__
+
+
+def test_the_work_type_in_one_process(world1):
+    """ringtree.Work is the module's own type: its arguments are checked as torch's are,
+    it takes weak references, and it cannot be made by hand."""
+    import datetime
+    import gc
+    import weakref
+
+    import numpy as np
+
+    data = np.ones(4, dtype=np.float32)
+    work = ringtree.all_reduce(data, async_op=True)
+    assert type(work) is ringtree.Work
+    assert work.wait() is True
+    assert work.wait(datetime.timedelta(seconds=1)) is True
+    assert work.wait(timeout=datetime.timedelta(0)) is True
+    assert work.wait(0.5) is True  # seconds as a float, as before
+    with pytest.raises(TypeError, match="timedelta"):
+        work.wait("soon")
+    with pytest.raises(TypeError, match="one argument"):
+        work.wait(datetime.timedelta(0), datetime.timedelta(0))
+    with pytest.raises(TypeError, match="one argument"):
+        work.wait(deadline=datetime.timedelta(0))
+    with pytest.raises(ValueError, match="must not be negative"):
+        work.wait(datetime.timedelta(seconds=-1))
+    assert (work.is_completed(), work.is_success(), work.exception(), work.source_rank()) == (True, True, None, -1)
+    assert work.result()[0] is data and work.synchronize() is None
+    assert repr(work) == "<ringtree.Work all_reduce completed>"
+
+    seen = []
+    work._add_done_callback(callback=seen.append)
+    work._add_done_callback(seen.append)
+    assert seen == [None, None]
+    with pytest.raises(TypeError, match="callable"):
+        work._add_done_callback(3)
+
+    with pytest.raises(TypeError, match="made by the asynchronous calls"):
+        ringtree.Work()
+    reference = weakref.ref(work)
+    assert reference() is work
+    del work
+    gc.collect()
+    assert reference() is None

@@ -4,7 +4,7 @@
 
 // CPython vectorcall methods installed over methods of a pybind11-bound class, for the calls
 // small-message latency rides on (engine_calls.cc: the ProcessGroup's collectives and
-// point-to-point calls; work.cc: Work.wait). A fast method takes the call in the form the
+// point-to-point calls; Work is a CPython type of its own, work.cc). A fast method takes the call in the form the
 // Python fronts make it and hands any other to the pybind11 method it replaced, which
 // converts or refuses it as before: behaviour is the same either way.
 namespace ringtree::python {

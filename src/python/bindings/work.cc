@@ -1,6 +1,7 @@
 #include "work.h"
 
 #include <pybind11/chrono.h>
+#include <structmember.h>
 
 #include <chrono>
 #include <stdexcept>
@@ -11,7 +12,6 @@
 
 #include "buffers.h"
 #include "errors.h"
-#include "fast_methods.h"
 
 namespace py = pybind11;
 
@@ -128,36 +128,198 @@ py::object getFuture(Work& work) {
   return future;
 }
 
-// The pybind11 wait method that fastWait replaced.
-PyObject* pybindWait = nullptr;
+// ---------------------------------------------------------------------------------------
+// The Python type: a CPython type of the module's own rather than a pybind11 class, so
+// that making and dropping the Work of an async call costs an allocation, without
+// pybind11's instance registry (its insert and erase were ~70 ns of every async call).
+// Not GC-tracked: it references no Python object itself (the Work's attachment holds the
+// Python state, out of the collector's sight, as pybind11's holder did).
 
-// Work.wait() without arguments, the caller that waits at once, as a vectorcall method:
-// pybind11's dispatch (the timeout's loader and default, the call guard) is left out of
-// every isend/irecv/async call + wait, and a Work that completed already keeps the GIL. A
-// call with a timeout goes to the pybind11 method.
-PyObject* fastWait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  if (nargs != 0 || kwnames != nullptr) return callReplaced(pybindWait, self, args, nargs, kwnames);
+struct PyWork {
+  PyObject_HEAD
+  std::shared_ptr<Work> work;  // constructed in pythonWorkWithState, destroyed in dealloc
+  PyObject* weakrefs;          // weak references to this object, for the interpreter
+};
+
+PyTypeObject* workType = nullptr;  // the type, kept for the module's life
+
+Work& workOf(PyObject* self) { return *reinterpret_cast<PyWork*>(self)->work; }
+
+// Calls body() and returns its result, or sets the Python error of what it threw.
+template <typename Body>
+PyObject* guarded(Body&& body) {
   try {
-    Work& work = boundValue<Work>(self);
-    if (work.isCompleted()) return PyBool_FromLong(work.wait() ? 1 : 0);  // returns or raises at once
-    bool success = false;
-    {
-      py::gil_scoped_release release;
-      success = work.wait(std::chrono::milliseconds(0));
-    }
-    return PyBool_FromLong(success ? 1 : 0);
+    return body();
   } catch (...) {
     return raiseCurrentException();
   }
 }
+
+// Whether a vectorcall's keyword names are none, or `name` alone.
+bool onlyKeyword(PyObject* kwnames, const char* name) {
+  return kwnames == nullptr || PyTuple_GET_SIZE(kwnames) == 0 ||
+         (PyTuple_GET_SIZE(kwnames) == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), name) == 0);
+}
+
+// wait(timeout=timedelta(0)): a timedelta, or seconds as a float (0: no limit).
+PyObject* wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return guarded([&]() -> PyObject* {
+    Work& work = workOf(self);
+    const Py_ssize_t given = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+    if (given == 0) {  // the caller that waits at once: a Work that finished keeps the GIL
+      if (work.isCompleted()) return PyBool_FromLong(work.wait() ? 1 : 0);  // returns or raises at once
+      bool success = false;
+      {
+        py::gil_scoped_release release;
+        success = work.wait(std::chrono::milliseconds(0));
+      }
+      return PyBool_FromLong(success ? 1 : 0);
+    }
+    if (given > 1 || !onlyKeyword(kwnames, "timeout")) {
+      throw py::type_error("Work.wait() takes one argument, timeout (a datetime.timedelta)");
+    }
+    py::detail::make_caster<Microseconds> caster;
+    if (!caster.load(args[0], /*convert=*/true)) {
+      throw py::type_error(std::string("Work.wait: timeout must be a datetime.timedelta (or seconds as a float), "
+                                       "got ") + Py_TYPE(args[0])->tp_name);
+    }
+    const auto timeout = py::detail::cast_op<Microseconds>(caster);
+    if (timeout.count() < 0) {
+      throw InvalidArgument("Work.wait: timeout must not be negative, got " + std::to_string(timeout.count()) + " us");
+    }
+    bool success = false;
+    {
+      py::gil_scoped_release release;
+      success = work.wait(std::chrono::ceil<std::chrono::milliseconds>(timeout));
+    }
+    return PyBool_FromLong(success ? 1 : 0);
+  });
+}
+
+PyObject* isCompleted(PyObject* self, PyObject*) { return PyBool_FromLong(workOf(self).isCompleted() ? 1 : 0); }
+
+PyObject* isSuccess(PyObject* self, PyObject*) { return PyBool_FromLong(workOf(self).isSuccess() ? 1 : 0); }
+
+PyObject* sourceRank(PyObject* self, PyObject*) { return PyLong_FromLong(workOf(self).sourceRank()); }
+
+PyObject* exception(PyObject* self, PyObject*) {
+  return guarded([&] { return toPythonException(workOf(self).exception()).release().ptr(); });
+}
+
+PyObject* resultMethod(PyObject* self, PyObject*) {
+  return guarded([&] { return result(workOf(self)).release().ptr(); });
+}
+
+PyObject* getFutureMethod(PyObject* self, PyObject*) {
+  return guarded([&] { return getFuture(workOf(self)).release().ptr(); });
+}
+
+PyObject* synchronize(PyObject*, PyObject*) { Py_RETURN_NONE; }
+
+// _add_done_callback(callback)
+PyObject* addDoneCallbackMethod(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return guarded([&]() -> PyObject* {
+    const Py_ssize_t given = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+    if (given != 1 || !onlyKeyword(kwnames, "callback")) {
+      throw py::type_error("Work._add_done_callback() takes one argument, callback");
+    }
+    if (PyCallable_Check(args[0]) == 0) {
+      throw py::type_error(std::string("Work._add_done_callback: callback must be callable, got ") +
+                           Py_TYPE(args[0])->tp_name);
+    }
+    addDoneCallback(workOf(self), py::reinterpret_borrow<py::function>(args[0]));
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* repr(PyObject* self) {
+  const Work& work = workOf(self);
+  const char* state = !work.isCompleted() ? "pending" : (work.isSuccess() ? "completed" : "failed");
+  return PyUnicode_FromFormat("<ringtree.Work %s %s>", work.opName(), state);
+}
+
+void dealloc(PyObject* self) {
+  auto* object = reinterpret_cast<PyWork*>(self);
+  PyTypeObject* type = Py_TYPE(self);
+  if (object->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+  object->work.~shared_ptr();  // the Work's Python state goes with the GIL held (HeldOffThread)
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyObject* refuseNew(PyTypeObject*, PyObject*, PyObject*) {
+  PyErr_SetString(PyExc_TypeError,
+                  "ringtree.Work objects are made by the asynchronous calls (async_op=True, isend, irecv, ...)");
+  return nullptr;
+}
+
+template <PyObject* (*Function)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*)>
+PyCFunction fastcall() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Function));
+}
+
+PyMethodDef methods[] = {
+    {"wait", fastcall<wait>(), METH_FASTCALL | METH_KEYWORDS,
+     "wait(timeout=timedelta(0)): blocks until the operation finished (0: no limit; seconds as a float are "
+     "accepted too); True on success, raises its error otherwise. Past a positive timeout raises DistTimeoutError "
+     "and the operation keeps running."},
+    {"is_completed", &isCompleted, METH_NOARGS, "Whether the operation finished (successfully or not)."},
+    {"is_success", &isSuccess, METH_NOARGS, "Whether the operation finished without an error."},
+    {"source_rank", &sourceRank, METH_NOARGS,
+     "For a point-to-point receive: the group rank the message came from, once it completed successfully; -1 for "
+     "other operations."},
+    {"_source_rank", &sourceRank, METH_NOARGS, "Alias of source_rank() (torch's older name)."},
+    {"exception", &exception, METH_NOARGS,
+     "The operation's error as an exception object; None while it runs or if it succeeded."},
+    {"result", &resultMethod, METH_NOARGS,
+     "The tensors the operation wrote, as torch 2.13's gloo backend gives them: [tensor] for all_reduce, broadcast, "
+     "reduce, scatter, reduce_scatter*, all_to_all_single, isend and irecv; the output list for all_gather and "
+     "all_to_all; gather_list on the destination ([] elsewhere); the flattened output lists for "
+     "all_gather_coalesced; [] for barrier; [output] for all_gather_single. Raises RuntimeError while the operation "
+     "runs."},
+    {"get_future", &getFutureMethod, METH_NOARGS,
+     "A torch.futures.Future that the thread finishing the operation completes, with result()'s list on success, "
+     "with the operation's error otherwise; the same Future on every call. fut.then(...) callbacks run on that "
+     "thread. Needs torch."},
+    {"synchronize", &synchronize, METH_NOARGS,
+     "Nothing to do for host memory, written before the Work completes (torch's synchronize() orders device "
+     "streams)."},
+    {"_add_done_callback", fastcall<addDoneCallbackMethod>(), METH_FASTCALL | METH_KEYWORDS,
+     "_add_done_callback(callback): calls callback(error) once the operation finished (error: its exception, None "
+     "on success), on the thread that finishes it, or at once if it already finished (private API)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyMemberDef members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(PyWork, weakrefs), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+const char* const kWorkDoc =
+    "Handle of an asynchronous collective (async_op=True) or point-to-point operation (isend, irecv, "
+    "batch_isend_irecv), with torch 2.13's Work API.\n\n"
+    "wait(timeout) blocks until it finished (timeout: timedelta, 0 = no limit), returns True, and raises the "
+    "operation's error if it failed; when the timeout passes first it raises DistTimeoutError and the operation "
+    "keeps running. The buffers must not be used until the work completed.";
+
+PyType_Slot slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(&refuseNew)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(&dealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(&repr)},
+    {Py_tp_methods, methods},
+    {Py_tp_members, members},
+    {Py_tp_doc, const_cast<char*>(kWorkDoc)},
+    {0, nullptr},
+};
+
+PyType_Spec spec = {"ringtree._C.Work", sizeof(PyWork), 0, Py_TPFLAGS_DEFAULT, slots};
 
 }  // namespace
 
 py::object pythonWork(std::shared_ptr<Work> work, py::list outputs) {
   auto state = std::make_shared<HeldOffThread>();
   state->outputs = std::move(outputs);
-  work->setAttachment(std::move(state));
-  return py::cast(std::move(work));
+  return pythonWorkWithState(std::move(work), std::move(state));
 }
 
 std::shared_ptr<void> oneTensorState(py::handle tensor) {
@@ -169,7 +331,10 @@ std::shared_ptr<void> oneTensorState(py::handle tensor) {
 
 py::object pythonWorkWithState(std::shared_ptr<Work> work, std::shared_ptr<void> state) {
   work->setAttachment(std::move(state));
-  return py::cast(std::move(work));
+  PyObject* object = workType->tp_alloc(workType, 0);
+  if (object == nullptr) throw py::error_already_set();
+  new (&reinterpret_cast<PyWork*>(object)->work) std::shared_ptr<Work>(std::move(work));
+  return py::reinterpret_steal<py::object>(object);
 }
 
 py::object pythonWorkOn(std::shared_ptr<Work> work, py::handle tensor) {
@@ -177,55 +342,11 @@ py::object pythonWorkOn(std::shared_ptr<Work> work, py::handle tensor) {
 }
 
 void initWork(py::module_& m) {
-  py::class_<Work, std::shared_ptr<Work>>(m, "Work", R"(Handle of an asynchronous collective (async_op=True) or
-point-to-point operation (isend, irecv, batch_isend_irecv), with torch 2.13's Work API.
-
-wait(timeout) blocks until it finished (timeout: timedelta, 0 = no limit), returns True,
-and raises the operation's error if it failed; when the timeout passes first it raises
-DistTimeoutError and the operation keeps running. The buffers must not be used until
-the work completed.)")
-      .def(
-          "wait",
-          [](Work& work, Microseconds timeout) {
-            if (timeout.count() < 0) {
-              throw InvalidArgument("Work.wait: timeout must not be negative, got " + std::to_string(timeout.count()) +
-                                    " us");
-            }
-            return work.wait(std::chrono::ceil<std::chrono::milliseconds>(timeout));
-          },
-          py::arg("timeout") = Microseconds(0), py::call_guard<py::gil_scoped_release>(),
-          "Blocks until the operation finished; True on success, raises its error otherwise.")
-      .def("is_completed", &Work::isCompleted, "Whether the operation finished (successfully or not).")
-      .def("is_success", &Work::isSuccess, "Whether the operation finished without an error.")
-      .def("source_rank", &Work::sourceRank,
-           "For a point-to-point receive: the group rank the message came from, once it completed "
-           "successfully; -1 for other operations.")
-      .def("_source_rank", &Work::sourceRank, "Alias of source_rank() (torch's older name).")
-      .def(
-          "exception", [](const Work& work) { return toPythonException(work.exception()); },
-          "The operation's error as an exception object; None while it runs or if it succeeded.")
-      .def("result", &result,
-           "The tensors the operation wrote, as torch 2.13's gloo backend gives them: [tensor] for all_reduce, "
-           "broadcast, reduce, scatter, reduce_scatter*, all_to_all_single, isend and irecv; the output list for "
-           "all_gather and all_to_all; gather_list on the destination ([] elsewhere); the flattened output lists for "
-           "all_gather_coalesced; [] for barrier; [output] for all_gather_single. Raises RuntimeError while the "
-           "operation runs.")
-      .def("get_future", &getFuture,
-           "A torch.futures.Future that the thread finishing the operation completes, with result()'s list on "
-           "success, with the operation's error otherwise; the same Future on every call. fut.then(...) callbacks "
-           "run on that thread. Needs torch.")
-      .def(
-          "synchronize", [](const Work&) {},
-          "Nothing to do for host memory, written before the Work completes (torch's synchronize() orders device "
-          "streams).")
-      .def("_add_done_callback", &addDoneCallback, py::arg("callback"),
-           "Calls callback(error) once the operation finished (error: its exception, None on success), on the "
-           "thread that finishes it, or at once if it already finished (private API).")
-      .def("__repr__", [](const Work& work) {
-        const char* state = !work.isCompleted() ? "pending" : (work.isSuccess() ? "completed" : "failed");
-        return std::string("<ringtree.Work ") + work.opName() + " " + state + ">";
-      });
-  pybindWait = replaceWithFastMethod(m.attr("Work"), "wait", &fastWait);
+  PyObject* type = PyType_FromSpec(&spec);
+  if (type == nullptr) throw py::error_already_set();
+  workType = reinterpret_cast<PyTypeObject*>(type);
+  Py_INCREF(type);  // workType keeps one reference for the module's life
+  m.add_object("Work", py::reinterpret_steal<py::object>(type));
 }
 
 }  // namespace ringtree::python
