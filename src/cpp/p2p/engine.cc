@@ -264,18 +264,15 @@ void PointToPointEngine::nudgeClaimers(int peer) {
 
 std::shared_ptr<Work> PointToPointEngine::adoptPending(Owner* owner, const char* opName, int peer,
                                                        std::shared_ptr<void> keepAlive) noexcept {
-  auto progress = std::make_shared<WorkProgress>();
-  progress->engine = weak_from_this();  // the Work is done by the time the engine goes (shutdown() fails the rest)
-  progress->peer = peer;
-  *owner = Owner{std::make_shared<Work>(opName, std::move(keepAlive)), nullptr, progress};
-  owner->work->setProgressDriver([progress = std::move(progress)](net::Deadline until) {
-    if (const auto alive = progress->engine.lock()) alive->driveWork(*progress, until);
+  *owner = Owner{std::make_shared<Work>(opName, std::move(keepAlive)), nullptr, std::make_shared<WorkProgress>()};
+  // Weak: a Work may outlive the engine (it is done by then: shutdown() fails the rest).
+  owner->work->setProgressDriver([engine = weak_from_this(), progress = owner->progress, peer](net::Deadline until) {
+    if (const auto alive = engine.lock()) alive->driveWork(*progress, peer, until);
   });
   return owner->work;
 }
 
-void PointToPointEngine::driveWork(WorkProgress& progress, net::Deadline until) noexcept {
-  const int peer = progress.peer;
+void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept {
   BlockingCall call;
   Completions done;
   {

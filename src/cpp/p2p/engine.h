@@ -136,14 +136,11 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
     bool completed = false;  // under mutex_: its Completion is queued (see complete())
   };
 
-  // The engine's side of an isend/irecv's Work, shared with the Work's progress driver
-  // (which captures only this, so the driver needs no allocation of its own). `engine`
-  // and `peer` are set once, before the Work is shared; the rest is under mutex_.
+  // The engine's side of an isend/irecv's Work, shared with the Work's progress driver.
+  // Under mutex_.
   struct WorkProgress {
     bool completed = false;          // its Completion is queued
     BlockingCall* driver = nullptr;  // the Work::wait() that claimed its peers, if any
-    std::weak_ptr<PointToPointEngine> engine;  // weak: a Work may outlive the engine
-    int peer = -1;                             // the operation's (kAnySource: any)
   };
 
   // Who learns how an operation ended: its Work (isend, irecv; `progress` is the Work's)
@@ -286,7 +283,7 @@ class PointToPointEngine : public std::enable_shared_from_this<PointToPointEngin
   // The progress driver (see the class comment): returns at once on the progress thread.
   // With Deadline::min() (a callback was added: nobody may wait) it hands the operation
   // to the progress thread at once.
-  void driveWork(WorkProgress& progress, net::Deadline until) noexcept;
+  void driveWork(WorkProgress& progress, int peer, net::Deadline until) noexcept;
   // The peer indices a claim (or an operation's peer) covers: [claimBegin, claimEnd),
   // this rank included.
   int claimBegin(int claim) const;
