@@ -66,16 +66,6 @@ void Work::setSourceRank(int rank) {
   sourceRank_ = rank;
 }
 
-void Work::setAttachment(std::shared_ptr<void> attachment) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  attachment_ = std::move(attachment);
-}
-
-std::shared_ptr<void> Work::attachment() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return attachment_;
-}
-
 std::exception_ptr Work::exception() const {
   return completed_.load(std::memory_order_acquire) ? exception_ : nullptr;  // final once completed
 }

@@ -337,8 +337,10 @@ def point_to_point(check: Checker, rank: int, ws: int, device: str) -> None:
                 works = dist.batch_isend_irecv(ops)
                 for w in works:
                     w.wait()
+                # Each op's Work gives its own tensor (NCCL runs the batch as one operation).
+                own_tensors = all(w.get_future().wait()[0] is op.tensor for w, op in zip(works, ops))
                 # At 2 ranks prev == nxt: the two receives match that rank's two sends in order.
-                return same(from_p, from_prev) and same(from_n, from_next)
+                return own_tensors and same(from_p, from_prev) and same(from_n, from_next)
 
             check.run(f"send/recv ring {name}", send_recv)
             check.run(f"recv from any source {name}", recv_any_source)

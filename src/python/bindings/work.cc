@@ -64,15 +64,29 @@ py::list outputList(const HeldOffThread& state) {
   return list;
 }
 
-// The Work's Python state (Work::attachment), made on first need. GIL held.
-std::shared_ptr<HeldOffThread> stateOf(Work& work) {
-  auto state = std::static_pointer_cast<HeldOffThread>(work.attachment());
-  if (!state) {
-    state = std::make_shared<HeldOffThread>();
-    state->outputs = py::list();
-    work.setAttachment(state);
+// ringtree.Work: a CPython type of the module's own rather than a pybind11 class, so that
+// making and dropping the Work of an async call costs an allocation, without pybind11's
+// instance registry (its insert and erase were ~70 ns of every async call). Each Python
+// Work has its own state: operations that share one C++ Work (a CUDA batch_isend_irecv's)
+// still give each op's own tensor from result() and get_future(). Not GC-tracked: it
+// references no Python object itself (the state holds the Python objects, out of the
+// collector's sight, as pybind11's holder did).
+struct PyWork {
+  PyObject_HEAD
+  std::shared_ptr<Work> work;             // constructed in pythonWorkWithState, destroyed in dealloc
+  std::shared_ptr<HeldOffThread> state;   // likewise; set there, or made on first need
+  PyObject* weakrefs;                     // weak references to this object, for the interpreter
+};
+
+PyWork& asPyWork(PyObject* self) { return *reinterpret_cast<PyWork*>(self); }
+
+// The Python Work's state, made on first need. GIL held.
+HeldOffThread& stateOf(PyWork& self) {
+  if (!self.state) {
+    self.state = std::make_shared<HeldOffThread>();
+    self.state->outputs = py::list();
   }
-  return state;
+  return *self.state;
 }
 
 // Calls callback(error) on the thread that finishes the Work (or here, at once, if it
@@ -92,19 +106,19 @@ void addDoneCallback(Work& work, py::function callback) {
   });
 }
 
-py::list result(Work& work) {
-  if (!work.isCompleted()) {
+py::list result(PyWork& self) {
+  if (!self.work->isCompleted()) {
     throw std::runtime_error(
         "Work needs to be completed before calling result(). Should call wait() before result().");
   }
-  return outputList(*stateOf(work));
+  return outputList(stateOf(self));
 }
 
 // torch's Work.get_future(): a torch.futures.Future that the thread finishing the
 // operation completes, with result()'s list or with the operation's error. The same
 // Future on every call.
-py::object getFuture(Work& work) {
-  const auto state = stateOf(work);
+py::object getFuture(PyWork& self) {
+  HeldOffThread* state = &stateOf(self);
   if (state->future) return state->future;
   py::object futureType;
   try {
@@ -118,7 +132,7 @@ py::object getFuture(Work& work) {
   py::list outputs = outputList(*state);
   py::object setResult = future.attr("set_result");
   py::object setException = future.attr("set_exception");
-  addDoneCallback(work, py::cpp_function([setResult, setException, outputs](py::object error) {
+  addDoneCallback(*self.work, py::cpp_function([setResult, setException, outputs](py::object error) {
     if (error.is_none()) {
       setResult(outputs);
     } else {
@@ -129,21 +143,11 @@ py::object getFuture(Work& work) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The Python type: a CPython type of the module's own rather than a pybind11 class, so
-// that making and dropping the Work of an async call costs an allocation, without
-// pybind11's instance registry (its insert and erase were ~70 ns of every async call).
-// Not GC-tracked: it references no Python object itself (the Work's attachment holds the
-// Python state, out of the collector's sight, as pybind11's holder did).
-
-struct PyWork {
-  PyObject_HEAD
-  std::shared_ptr<Work> work;  // constructed in pythonWorkWithState, destroyed in dealloc
-  PyObject* weakrefs;          // weak references to this object, for the interpreter
-};
+// The type's methods and slots.
 
 PyTypeObject* workType = nullptr;  // the type, kept for the module's life
 
-Work& workOf(PyObject* self) { return *reinterpret_cast<PyWork*>(self)->work; }
+Work& workOf(PyObject* self) { return *asPyWork(self).work; }
 
 // Calls body() and returns its result, or sets the Python error of what it threw.
 template <typename Body>
@@ -207,11 +211,11 @@ PyObject* exception(PyObject* self, PyObject*) {
 }
 
 PyObject* resultMethod(PyObject* self, PyObject*) {
-  return guarded([&] { return result(workOf(self)).release().ptr(); });
+  return guarded([&] { return result(asPyWork(self)).release().ptr(); });
 }
 
 PyObject* getFutureMethod(PyObject* self, PyObject*) {
-  return guarded([&] { return getFuture(workOf(self)).release().ptr(); });
+  return guarded([&] { return getFuture(asPyWork(self)).release().ptr(); });
 }
 
 PyObject* synchronize(PyObject*, PyObject*) { Py_RETURN_NONE; }
@@ -239,10 +243,11 @@ PyObject* repr(PyObject* self) {
 }
 
 void dealloc(PyObject* self) {
-  auto* object = reinterpret_cast<PyWork*>(self);
+  PyWork& object = asPyWork(self);
   PyTypeObject* type = Py_TYPE(self);
-  if (object->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
-  object->work.~shared_ptr();  // the Work's Python state goes with the GIL held (HeldOffThread)
+  if (object.weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+  object.state.~shared_ptr();  // with the GIL held, unless an operation still holds it (HeldOffThread)
+  object.work.~shared_ptr();
   type->tp_free(self);
   Py_DECREF(type);
 }
@@ -330,10 +335,11 @@ std::shared_ptr<void> oneTensorState(py::handle tensor) {
 }
 
 py::object pythonWorkWithState(std::shared_ptr<Work> work, std::shared_ptr<void> state) {
-  work->setAttachment(std::move(state));
   PyObject* object = workType->tp_alloc(workType, 0);
   if (object == nullptr) throw py::error_already_set();
-  new (&reinterpret_cast<PyWork*>(object)->work) std::shared_ptr<Work>(std::move(work));
+  PyWork& self = asPyWork(object);
+  new (&self.work) std::shared_ptr<Work>(std::move(work));
+  new (&self.state) std::shared_ptr<HeldOffThread>(std::static_pointer_cast<HeldOffThread>(std::move(state)));
   return py::reinterpret_steal<py::object>(object);
 }
 

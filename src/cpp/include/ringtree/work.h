@@ -76,12 +76,6 @@ class RINGTREE_API Work {
   int sourceRank() const;
   void setSourceRank(int rank);
 
-  // Something whoever submitted the operation keeps with its Work and reads back later
-  // (the Python layer: the tensors the operation writes, for torch's Work.result()).
-  // Unlike the keep-alive it is held until the Work is destroyed. Any thread.
-  void setAttachment(std::shared_ptr<void> attachment);
-  std::shared_ptr<void> attachment() const;
-
   // Runs `callback(*this)` once the operation finished: on the thread that finishes it,
   // after waiters were woken, or at once on the calling thread if it already finished.
   // Callbacks registered before completion run in registration order. A callback must
@@ -123,7 +117,6 @@ class RINGTREE_API Work {
   std::exception_ptr exception_;
   int sourceRank_ = -1;
   std::shared_ptr<void> keepAlive_;
-  std::shared_ptr<void> attachment_;
   std::vector<Callback> callbacks_;
   ProgressDriver progressDriver_;  // immutable once the Work is shared
   StreamWait streamWait_;          // immutable once the Work is shared
