@@ -30,8 +30,12 @@ bool Work::wait(std::chrono::milliseconds timeout) {
     return true;
   }
   using Clock = std::chrono::steady_clock;
-  const bool limited = timeout.count() > 0;
-  const Clock::time_point deadline = limited ? Clock::now() + timeout : Clock::time_point::max();
+  Clock::time_point deadline = Clock::time_point::max();
+  if (timeout.count() > 0) {  // one past the clock's range is no limit (rather than an overflowed deadline)
+    const Clock::time_point now = Clock::now();
+    if (timeout < std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)) deadline = now + timeout;
+  }
+  const bool limited = deadline != Clock::time_point::max();
   if (streamWait_ && !isCompleted() && streamWait_()) return true;
   if (progressDriver_ && !isCompleted()) progressDriver_(deadline);
   std::unique_lock<std::mutex> lock(mutex_);

@@ -51,6 +51,15 @@ def test_the_work_type_in_one_process(world1):
         work.wait(deadline=datetime.timedelta(0))
     with pytest.raises(ValueError, match="must not be negative"):
         work.wait(datetime.timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="must not be negative"):
+        work.wait(-0.5)
+    with pytest.raises(ValueError, match="nan"):
+        work.wait(float("nan"))
+    with pytest.raises(TypeError, match="timedelta"):
+        work.wait(5)  # an int is neither (torch takes a timedelta)
+    # Past the clock's range is no limit, not an overflow.
+    for endless in (datetime.timedelta.max, float("inf"), 1e300):
+        assert work.wait(endless) is True
     assert (work.is_completed(), work.is_success(), work.exception(), work.source_rank()) == (True, True, None, -1)
     assert work.result()[0] is data and work.synchronize() is None
     assert repr(work) == "<ringtree.Work all_reduce completed>"

@@ -1,5 +1,7 @@
 #include "errors.h"
 
+#include <new>
+
 #include <ringtree/error.h>
 
 namespace py = pybind11;
@@ -47,6 +49,8 @@ py::object toPythonException(const std::exception_ptr& error) {
     std::rethrow_exception(error);
   } catch (const Error& e) {
     return errorClass(e)(e.what());
+  } catch (const std::bad_alloc& e) {
+    return py::reinterpret_borrow<py::object>(PyExc_MemoryError)(e.what());
   } catch (const std::exception& e) {
     return py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(e.what());
   } catch (...) {
@@ -62,8 +66,14 @@ PyObject* raiseCurrentException() {
   } catch (py::builtin_exception& error) {
     error.set_error();
   } catch (...) {
-    py::object exception = toPythonException(std::current_exception());
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+    try {
+      py::object exception = toPythonException(std::current_exception());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+    } catch (py::error_already_set& error) {  // the class could not be made (at shutdown, say): its error
+      error.restore();
+    } catch (...) {
+      PyErr_SetString(PyExc_RuntimeError, "ringtree: an error that could not be converted to a Python exception");
+    }
   }
   return nullptr;
 }

@@ -1,9 +1,11 @@
 #include "work.h"
 
-#include <pybind11/chrono.h>
+#include <datetime.h>
 #include <structmember.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -165,6 +167,34 @@ bool onlyKeyword(PyObject* kwnames, const char* name) {
          (PyTuple_GET_SIZE(kwnames) == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), name) == 0);
 }
 
+// A wait() timeout, a datetime.timedelta or seconds as a float, in whole milliseconds
+// (rounded up); 0, no limit, for 0 and for anything past kNoLimitDays (infinity
+// included). TypeError for another type, ValueError for a negative value or NaN.
+constexpr int64_t kNoLimitDays = 100000;  // ~274 years: no deadline, and no overflow computing one
+std::chrono::milliseconds waitTimeout(PyObject* timeout) {
+  int64_t micros = 0;
+  if (PyDelta_Check(timeout)) {
+    const int64_t days = PyDateTime_DELTA_GET_DAYS(timeout);  // seconds and microseconds are never negative
+    if (days >= kNoLimitDays) return std::chrono::milliseconds(0);
+    micros = (days * 86400 + PyDateTime_DELTA_GET_SECONDS(timeout)) * 1000000 +
+             PyDateTime_DELTA_GET_MICROSECONDS(timeout);
+  } else if (PyFloat_Check(timeout)) {
+    const double seconds = PyFloat_AS_DOUBLE(timeout);
+    if (std::isnan(seconds)) throw InvalidArgument("Work.wait: timeout must be a number of seconds, got nan");
+    if (seconds >= static_cast<double>(kNoLimitDays) * 86400) return std::chrono::milliseconds(0);
+    micros = static_cast<int64_t>(seconds * 1e6);  // toward zero, as a timedelta of it would be
+    if (micros == 0 && seconds < 0) micros = -1;
+  } else {
+    throw py::type_error(std::string("Work.wait: timeout must be a datetime.timedelta (or seconds as a float), got ") +
+                         Py_TYPE(timeout)->tp_name);
+  }
+  if (micros < 0) {
+    throw InvalidArgument("Work.wait: timeout must not be negative, got " +
+                          py::repr(py::handle(timeout)).cast<std::string>());
+  }
+  return std::chrono::ceil<std::chrono::milliseconds>(Microseconds(micros));
+}
+
 // wait(timeout=timedelta(0)): a timedelta, or seconds as a float (0: no limit).
 PyObject* wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return guarded([&]() -> PyObject* {
@@ -182,19 +212,11 @@ PyObject* wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject
     if (given > 1 || !onlyKeyword(kwnames, "timeout")) {
       throw py::type_error("Work.wait() takes one argument, timeout (a datetime.timedelta)");
     }
-    py::detail::make_caster<Microseconds> caster;
-    if (!caster.load(args[0], /*convert=*/true)) {
-      throw py::type_error(std::string("Work.wait: timeout must be a datetime.timedelta (or seconds as a float), "
-                                       "got ") + Py_TYPE(args[0])->tp_name);
-    }
-    const auto timeout = py::detail::cast_op<Microseconds>(caster);
-    if (timeout.count() < 0) {
-      throw InvalidArgument("Work.wait: timeout must not be negative, got " + std::to_string(timeout.count()) + " us");
-    }
+    const std::chrono::milliseconds timeout = waitTimeout(args[0]);
     bool success = false;
     {
       py::gil_scoped_release release;
-      success = work.wait(std::chrono::ceil<std::chrono::milliseconds>(timeout));
+      success = work.wait(timeout);
     }
     return PyBool_FromLong(success ? 1 : 0);
   });
@@ -348,6 +370,8 @@ py::object pythonWorkOn(std::shared_ptr<Work> work, py::handle tensor) {
 }
 
 void initWork(py::module_& m) {
+  PyDateTime_IMPORT;
+  if (PyDateTimeAPI == nullptr) throw py::error_already_set();
   PyObject* type = PyType_FromSpec(&spec);
   if (type == nullptr) throw py::error_already_set();
   workType = reinterpret_cast<PyTypeObject*>(type);

@@ -58,7 +58,7 @@ class RINGTREE_API Work {
   // Returns true once the operation finished successfully; rethrows the operation's
   // exception (the same object on every call) when it failed. Throws TimeoutError when
   // the timeout passes first: the operation itself keeps running, and a later wait()
-  // can still see it finish.
+  // can still see it finish. 0, or a timeout past the steady clock's range: no limit.
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   // Whether the operation finished (successfully or not). Never blocks.
