@@ -20,7 +20,7 @@ ctest --test-dir "$build_dir" --output-on-failure --timeout 180 -j 2
 tests/run_sanitizers.sh
 
 # The C++ SDK as a user consumes it: install (the static library from the build above),
-# find_package / add_subdirectory, run (~2 min).
+# find_package / add_subdirectory, run (~1 min).
 RINGTREE_CONSUMER_STATIC_BUILD="$build_dir" tests/cmake/check_consumer.sh
 
 # The source tree is not on sys.path from here, so the installed package is what runs.

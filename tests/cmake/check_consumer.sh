@@ -80,4 +80,16 @@ for variant in static shared; do
   run_example "$tmp/example-$variant/allreduce_example"
 done
 
+# add_subdirectory with the defaults (a static library, RINGTREE_INSTALL off): configures,
+# and installs nothing of ringtree's (configure only: the build is the static library's,
+# checked above).
+step "static: configure the example via add_subdirectory with the defaults"
+cmake -S "$root/examples/cpp" -B "$tmp/example-subdir-static" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DRINGTREE_SOURCE_DIR="$root" >/dev/null
+cmake --install "$tmp/example-subdir-static" --prefix "$tmp/prefix-none" >/dev/null
+if [[ -e $tmp/prefix-none/lib/cmake/ringtree ]]; then
+  echo "check_consumer: ringtree as a subproject installed itself without RINGTREE_INSTALL=ON" >&2
+  exit 1
+fi
+
 step "all passed"

@@ -42,8 +42,8 @@ _HERE = Path(__file__).resolve().parent
 
 def _configure_environment(world_size: int) -> None:
     """What ``test_distributed_spawn.py`` sets before importing the suite (a ``WORLD_SIZE``
-    already set wins). Child processes are spawned: they inherit this environment and
-    import this module again."""
+    already set wins). Spawned child processes inherit this environment and import this
+    module again; forked ones (--fork) inherit all of it."""
     os.environ.setdefault("BACKEND", "gloo")
     os.environ.setdefault("WORLD_SIZE", str(world_size))
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="ringtree-peer-suite-"))

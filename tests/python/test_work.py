@@ -57,6 +57,9 @@ def test_the_work_type_in_one_process(world1):
         work.wait(float("nan"))
     with pytest.raises(TypeError, match="timedelta"):
         work.wait(5)  # an int is neither (torch takes a timedelta)
+    for negative in (datetime.timedelta.min, datetime.timedelta(days=-106_751_992), float("-inf"), -1e300, -1e-9):
+        with pytest.raises(ValueError, match="must not be negative"):
+            work.wait(negative)
     # Past the clock's range is no limit, not an overflow.
     for endless in (datetime.timedelta.max, float("inf"), 1e300):
         assert work.wait(endless) is True

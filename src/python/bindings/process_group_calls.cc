@@ -166,8 +166,9 @@ class Borrowed {
 Hold holdFor(bool asyncOp) { return asyncOp ? Hold::kExport : Hold::kCall; }
 
 // A call over the buffers `borrowed` holds: with asyncOp, submitted by async(keepAlive)
-// with them as the Work's keep-alive and outputs() attached for Work.result() (returns
-// the Work); else sync() at once with the GIL released (returns None).
+// with them as the Work's keep-alive and outputs() kept by the Python Work for
+// Work.result() (returns the Work); else sync() at once with the GIL released (returns
+// None).
 template <typename Sync, typename Async, typename Outputs>
 py::object run(bool asyncOp, Borrowed& borrowed, const Sync& sync, const Async& async, const Outputs& outputs) {
   if (asyncOp) {

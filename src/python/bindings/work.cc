@@ -3,6 +3,7 @@
 #include <datetime.h>
 #include <structmember.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -167,30 +168,34 @@ bool onlyKeyword(PyObject* kwnames, const char* name) {
          (PyTuple_GET_SIZE(kwnames) == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), name) == 0);
 }
 
-// A wait() timeout, a datetime.timedelta or seconds as a float, in whole milliseconds
-// (rounded up); 0, no limit, for 0 and for anything past kNoLimitDays (infinity
-// included). TypeError for another type, ValueError for a negative value or NaN.
+// A wait() timeout, a datetime.timedelta or seconds as a float, in whole milliseconds,
+// rounded up (any positive timeout is at least 1 ms); 0, no limit, for 0 and for anything
+// from kNoLimitDays on (infinity included). TypeError for another type, ValueError for a
+// negative value or NaN. Every range is checked before any arithmetic that could overflow.
 constexpr int64_t kNoLimitDays = 100000;  // ~274 years: no deadline, and no overflow computing one
 std::chrono::milliseconds waitTimeout(PyObject* timeout) {
+  const auto refuseNegative = [timeout] {
+    throw InvalidArgument("Work.wait: timeout must not be negative, got " +
+                          py::repr(py::handle(timeout)).cast<std::string>());
+  };
   int64_t micros = 0;
   if (PyDelta_Check(timeout)) {
-    const int64_t days = PyDateTime_DELTA_GET_DAYS(timeout);  // seconds and microseconds are never negative
+    const int64_t days = PyDateTime_DELTA_GET_DAYS(timeout);  // the sign; seconds and microseconds are >= 0
+    if (days < 0) refuseNegative();
     if (days >= kNoLimitDays) return std::chrono::milliseconds(0);
     micros = (days * 86400 + PyDateTime_DELTA_GET_SECONDS(timeout)) * 1000000 +
              PyDateTime_DELTA_GET_MICROSECONDS(timeout);
   } else if (PyFloat_Check(timeout)) {
     const double seconds = PyFloat_AS_DOUBLE(timeout);
     if (std::isnan(seconds)) throw InvalidArgument("Work.wait: timeout must be a number of seconds, got nan");
+    if (seconds < 0) refuseNegative();
     if (seconds >= static_cast<double>(kNoLimitDays) * 86400) return std::chrono::milliseconds(0);
-    micros = static_cast<int64_t>(seconds * 1e6);  // toward zero, as a timedelta of it would be
-    if (micros == 0 && seconds < 0) micros = -1;
+    // To the nearest microsecond, halves to even, as timedelta(seconds=...) rounds; a
+    // positive timeout stays one.
+    micros = std::max<int64_t>(static_cast<int64_t>(std::nearbyint(seconds * 1e6)), seconds > 0 ? 1 : 0);
   } else {
     throw py::type_error(std::string("Work.wait: timeout must be a datetime.timedelta (or seconds as a float), got ") +
                          Py_TYPE(timeout)->tp_name);
-  }
-  if (micros < 0) {
-    throw InvalidArgument("Work.wait: timeout must not be negative, got " +
-                          py::repr(py::handle(timeout)).cast<std::string>());
   }
   return std::chrono::ceil<std::chrono::milliseconds>(Microseconds(micros));
 }
