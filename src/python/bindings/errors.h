@@ -13,7 +13,8 @@ namespace ringtree::python {
 void initErrors(pybind11::module_& m);
 
 // The Python exception object (not raised) for a C++ exception, by the same mapping;
-// std::bad_alloc becomes MemoryError, other std::exceptions RuntimeError. None for a null pointer. GIL held.
+// std::bad_alloc becomes MemoryError, other std::exceptions RuntimeError. None for a null
+// pointer. GIL held.
 pybind11::object toPythonException(const std::exception_ptr& error);
 
 // Inside a catch block: sets the Python error of the exception being handled (pybind11's

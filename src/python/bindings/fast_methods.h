@@ -4,12 +4,19 @@
 
 // CPython vectorcall methods installed over methods of a pybind11-bound class, for the calls
 // small-message latency rides on (engine_calls.cc: the ProcessGroup's collectives and
-// point-to-point calls; Work is a CPython type of its own, work.cc). A fast method takes the call in the form the
-// Python fronts make it and hands any other to the pybind11 method it replaced, which
-// converts or refuses it as before: behaviour is the same either way.
+// point-to-point calls; Work is a CPython type of its own, work.cc, whose methods are
+// FastMethods too). A fast method takes the call in the form the Python fronts make it and
+// hands any other to the pybind11 method it replaced, which converts or refuses it as
+// before: behaviour is the same either way.
 namespace ringtree::python {
 
 using FastMethod = PyObject* (*)(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
+
+// `Function` as a PyMethodDef's ml_meth, for METH_FASTCALL | METH_KEYWORDS.
+template <FastMethod Function>
+constexpr PyCFunction fastcallKeywords() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Function));
+}
 
 // Replaces `name` of the bound class `type` by a method descriptor of `function` with the
 // replaced method's docstring; returns the replaced method (a reference kept for the

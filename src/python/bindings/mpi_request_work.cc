@@ -11,6 +11,8 @@
 #include <limits>
 #include <thread>
 
+#include "fast_methods.h"
+
 namespace py = pybind11;
 
 // _MpiRequestWork: torch 2.13's Work API over one nonblocking MPI request (ringtree.mpi's
@@ -371,11 +373,6 @@ void dealloc(PyObject* object) {
   clear(object);
   type->tp_free(object);
   Py_DECREF(type);
-}
-
-template <PyObject* (*Function)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*)>
-constexpr PyCFunction fastcallKeywords() {
-  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Function));
 }
 
 PyMethodDef methods[] = {

@@ -15,6 +15,7 @@
 
 #include "buffers.h"
 #include "errors.h"
+#include "fast_methods.h"
 
 namespace py = pybind11;
 
@@ -285,13 +286,8 @@ PyObject* refuseNew(PyTypeObject*, PyObject*, PyObject*) {
   return nullptr;
 }
 
-template <PyObject* (*Function)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*)>
-PyCFunction fastcall() {
-  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Function));
-}
-
 PyMethodDef methods[] = {
-    {"wait", fastcall<wait>(), METH_FASTCALL | METH_KEYWORDS,
+    {"wait", fastcallKeywords<wait>(), METH_FASTCALL | METH_KEYWORDS,
      "wait(timeout=timedelta(0)): blocks until the operation finished (0: no limit; seconds as a float are "
      "accepted too); True on success, raises its error otherwise. Past a positive timeout raises DistTimeoutError "
      "and the operation keeps running."},
@@ -316,7 +312,7 @@ PyMethodDef methods[] = {
     {"synchronize", &synchronize, METH_NOARGS,
      "Nothing to do for host memory, written before the Work completes (torch's synchronize() orders device "
      "streams)."},
-    {"_add_done_callback", fastcall<addDoneCallbackMethod>(), METH_FASTCALL | METH_KEYWORDS,
+    {"_add_done_callback", fastcallKeywords<addDoneCallbackMethod>(), METH_FASTCALL | METH_KEYWORDS,
      "_add_done_callback(callback): calls callback(error) once the operation finished (error: its exception, None "
      "on success), on the thread that finishes it, or at once if it already finished (private API)."},
     {nullptr, nullptr, 0, nullptr},
