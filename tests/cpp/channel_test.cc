@@ -323,6 +323,59 @@ TEST_P(LinkTest, AFailedChannelLetsGoOfItsSendsBeforeItsCallerFreesThem) {
   });
 }
 
+TEST_P(LinkTest, TakeIncomingServesWhatAChannelWasSentInOrder) {
+  // Rank 1 sends a, a, b on two channels. Rank 0's a takes its first message: left in the
+  // connection (taken from there over shared memory; TCP takes nothing, a receive does).
+  // Then b waits with a receive posted behind a's second message, which the link takes
+  // into a buffer of a's: a takes it from there on either transport.
+  std::atomic<bool> sent{false};
+  std::atomic<bool> received{false};
+  runLinks(GetParam(), [&](int rank, std::shared_ptr<transport::mux::Link> link) {
+    auto a = link->open(11, rank, 1 - rank, "rank " + std::to_string(1 - rank));
+    auto b = link->open(22, rank, 1 - rank, "rank " + std::to_string(1 - rank));
+    const std::vector<uint8_t> first = pattern(8, 1);
+    const std::vector<uint8_t> second = pattern(16, 2);
+    const std::vector<uint8_t> third = pattern(24, 3);
+    if (rank == 1) {
+      a->postSend(message(1, 8), first.data(), 8);
+      a->postSend(message(2, 24), third.data(), 24);
+      b->postSend(message(1, 16), second.data(), 16);
+      drive(*a);
+      drive(*b);
+      sent = true;
+      test::waitForFlag(received);  // its channels close with it
+      return;
+    }
+    const test::SetOnExit setReceived(received);
+    test::waitForFlag(sent);
+    Envelope seen;
+    size_t bytes = 0;
+    ASSERT_TRUE(test::eventually([&] { return a->peekIncoming(&seen, &bytes); }));
+    EXPECT_EQ(seen, message(1, 8));
+    std::vector<uint8_t> in(8, 0);
+    EXPECT_FALSE(a->takeIncoming(in.data(), 7));  // another size: left there
+    if (a->takeIncoming(in.data(), 8)) {
+      EXPECT_EQ(GetParam(), TransportKind::kShm);
+    } else {
+      EXPECT_EQ(GetParam(), TransportKind::kTcp);
+      a->postRecv(seen, in.data(), 8);
+      drive(*a);
+    }
+    EXPECT_EQ(in, first);
+    // b's message is behind a's second one, which the link takes for a as it passes.
+    std::vector<uint8_t> inB(16, 0);
+    b->postRecv(message(1, 16), inB.data(), 16);
+    drive(*b);
+    EXPECT_EQ(inB, second);
+    ASSERT_TRUE(test::eventually([&] { return a->peekIncoming(&seen, &bytes); }));
+    EXPECT_EQ(seen, message(2, 24));
+    std::vector<uint8_t> inA(24, 0);
+    ASSERT_TRUE(test::eventually([&] { return a->takeIncoming(inA.data(), 24); }));  // from a's buffer
+    EXPECT_EQ(inA, third);
+    EXPECT_FALSE(a->peekIncoming(&seen, &bytes));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, LinkTest, ::testing::Values(TransportKind::kTcp, TransportKind::kShm), kindName);
 
 // ---------------------------------------------------------------------------------------

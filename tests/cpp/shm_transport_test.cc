@@ -508,6 +508,73 @@ TEST(ShmPairTest, PeekAndPendingCountsAroundADirectSend) {
   EXPECT_FALSE(pairs.rank1->peekIncoming(&none, &noBytes));
 }
 
+TEST(ShmPairTest, TakeIncomingTakesOnlyAnInlineMessageThatArrivedWhole) {
+  PairOptions small;
+  small.ringBytes = 4160;  // 65 lines: the payloads below wrap round its end
+  TwoPairs pairs = connectThreads(small, small);
+  const auto peek = [&](size_t expectedBytes, uint64_t expectedSequence) {
+    Envelope seen;
+    size_t bytes = 0;
+    EXPECT_TRUE(pairs.rank1->peekIncoming(&seen, &bytes));
+    EXPECT_EQ(seen, envelope(expectedSequence));
+    EXPECT_EQ(bytes, expectedBytes);
+  };
+  // Messages of 1000 bytes and their headers: the fifth's payload wraps round the ring.
+  for (uint64_t i = 0; i < 8; ++i) {
+    const std::vector<uint8_t> out = pattern(1000, 0, static_cast<int>(i));
+    pairs.rank0->postSend(envelope(i), out.data(), out.size());
+    waitIdle(*pairs.rank0);  // in the ring
+    peek(1000, i);
+    std::vector<uint8_t> in(1000);
+    EXPECT_FALSE(pairs.rank1->takeIncoming(in.data(), 999));  // not the size it has: left there
+    peek(1000, i);
+    ASSERT_TRUE(pairs.rank1->takeIncoming(in.data(), in.size())) << i;
+    EXPECT_EQ(in, out) << i;
+    EXPECT_EQ(pairs.rank0->pendingSends(), 0u);
+  }
+  Envelope none;
+  size_t noBytes = 0;
+  EXPECT_FALSE(pairs.rank1->peekIncoming(&none, &noBytes));
+
+  // Larger than the ring: its header is there, its payload only as the reader frees room.
+  const std::vector<uint8_t> big = pattern(10000, 0, 9);
+  pairs.rank0->postSend(envelope(9), big.data(), big.size());
+  EXPECT_FALSE(pairs.rank0->progress());
+  peek(big.size(), 9);
+  std::vector<uint8_t> in(big.size());
+  EXPECT_FALSE(pairs.rank1->takeIncoming(in.data(), in.size()));
+  pairs.rank1->postRecv(envelope(9), in.data(), in.size());
+  for (bool done = false; !done;) {
+    const bool sent = pairs.rank0->progress();
+    done = pairs.rank1->progress() && sent;
+  }
+  EXPECT_EQ(in, big);
+
+  // An empty message.
+  pairs.rank0->postSend(envelope(10), nullptr, 0);
+  waitIdle(*pairs.rank0);
+  peek(0, 10);
+  EXPECT_TRUE(pairs.rank1->takeIncoming(nullptr, 0));
+  EXPECT_FALSE(pairs.rank1->peekIncoming(&none, &noBytes));
+}
+
+TEST(ShmPairTest, TakeIncomingLeavesADirectMessageToItsReceive) {
+  TwoPairs pairs = connectThreads();
+  const std::vector<uint8_t> big = pattern(kMiB, 0, 0);
+  pairs.rank0->postSend(envelope(0), big.data(), big.size());
+  EXPECT_FALSE(pairs.rank0->progress());
+  Envelope seen;
+  size_t bytes = 0;
+  ASSERT_TRUE(pairs.rank1->peekIncoming(&seen, &bytes));
+  std::vector<uint8_t> in(bytes);
+  EXPECT_FALSE(pairs.rank1->takeIncoming(in.data(), bytes));
+  EXPECT_EQ(pairs.rank0->pendingSends(), 1u);  // nothing was taken
+  pairs.rank1->postRecv(seen, in.data(), bytes);
+  waitIdle(*pairs.rank1);
+  waitIdle(*pairs.rank0);
+  EXPECT_EQ(in, big);
+}
+
 // ---------------------------------------------------------------------------------------
 // Mismatches
 

@@ -494,9 +494,11 @@ bool PointToPointEngine::progressPeer(int index, Completions* done) {
       // A notice or mismatch completes operations (and so counts as progress) by itself.
       if (!acceptIncoming(index, envelope, bytes, done)) break;
       moved = true;
-      peer.pair->progress();  // a small message is usually complete already
-      retireSends(peer, done);
-      finishTransfer(index, done);
+      if (peer.transfer != Transfer::kNone) {
+        peer.pair->progress();  // a small message is usually complete already
+        retireSends(peer, done);
+        finishTransfer(index, done);
+      }
     }
   } catch (const std::exception& e) {
     failPeer(index, FailureKind::kBroken, e.what(), nullptr, done);

@@ -160,9 +160,10 @@ bool PointToPointEngine::acceptIncoming(int index, const transport::Envelope& en
     handleNotice(index, envelope, done);
     return false;
   }
+  size_t countBytes = 0;
   if (envelope.dataType >= kNumDataTypes ||
-      envelope.count > std::numeric_limits<size_t>::max() / elementSize(static_cast<DataType>(envelope.dataType)) ||
-      envelope.count * elementSize(static_cast<DataType>(envelope.dataType)) != bytes || envelope.tag < 0) {
+      __builtin_mul_overflow(envelope.count, elementSize(static_cast<DataType>(envelope.dataType)), &countBytes) ||
+      countBytes != bytes || envelope.tag < 0) {
     throw protocolError(p2p::typeAndCount(envelope.dataType, envelope.count) + " in " + std::to_string(bytes) +
                         " bytes with tag " + std::to_string(envelope.tag));
   }
@@ -175,18 +176,26 @@ bool PointToPointEngine::acceptIncoming(int index, const transport::Envelope& en
       reportMismatch(index, receive, envelope, done);
       return false;
     }
-    peer.pair->postRecv(envelope, receive->data, bytes);
-    peer.transfer = Transfer::kIntoReceive;
-    peer.transferReceive = std::move(receive);
+    // A message that has arrived whole is taken at once; otherwise it lands as it comes.
+    if (peer.pair->takeIncoming(receive->data, bytes)) {
+      complete(receive->owner, nullptr, done, index);
+    } else {
+      peer.pair->postRecv(envelope, receive->data, bytes);
+      peer.transfer = Transfer::kIntoReceive;
+      peer.transferReceive = std::move(receive);
+    }
   } else if (bytes <= kEagerBytes || receivesMayWaitBehind(peer)) {
     Unexpected message;
     message.envelope = envelope;
     message.arrival = nextArrival_++;
     message.data.reset(new uint8_t[bytes]);
     message.bytes = bytes;
-    peer.pair->postRecv(envelope, message.data.get(), bytes);
+    message.complete = peer.pair->takeIncoming(message.data.get(), bytes);
+    if (!message.complete) {
+      peer.pair->postRecv(envelope, message.data.get(), bytes);
+      peer.transfer = Transfer::kIntoUnexpected;
+    }
     peer.unexpected.push_back(std::move(message));
-    peer.transfer = Transfer::kIntoUnexpected;
   } else {
     peer.headLeftInPair = true;
     return false;

@@ -198,22 +198,25 @@ bool Link::drive() {
       moved = true;
     }
   } catch (...) {
-    std::exception_ptr error = std::current_exception();
-    try {
-      std::rethrow_exception(error);
-    } catch (const NetworkError&) {
-    } catch (const std::exception& e) {
-      // The connection refuses to go on for another reason (a shared-memory pair whose
-      // peer left with one of the link's notices next in its ring calls that a
-      // mismatch): to the channels it is a connection that ended.
-      error = std::make_exception_ptr(PeerError(peerRank_, "the connection to " + peerDescription_ +
-                                                               " ended: " + e.what()));
-    }
-    connectionFailed(error, connection_->endedCleanly());
+    connectionThrew(std::current_exception());
     moved = true;
   }
   if (moved) signalSleepers();
   return moved;
+}
+
+void Link::connectionThrew(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const NetworkError&) {
+  } catch (const std::exception& e) {
+    // The connection refuses to go on for another reason (a shared-memory pair whose
+    // peer left with one of the link's notices next in its ring calls that a
+    // mismatch): to the channels it is a connection that ended.
+    error = std::make_exception_ptr(PeerError(peerRank_, "the connection to " + peerDescription_ +
+                                                             " ended: " + e.what()));
+  }
+  connectionFailed(error, connection_->endedCleanly());
 }
 
 bool Link::dispatch(const Envelope& envelope, size_t bytes) {
@@ -666,6 +669,36 @@ bool ChannelPair::peekIncoming(Envelope* envelope, size_t* bytes) {
   if (link.failure_ != nullptr) link.rethrowConnectionFailure(channel);
   if (channel.peerClosed) fail(peerClosedError(""));
   return false;
+}
+
+bool ChannelPair::takeIncoming(void* data, size_t bytes) {
+  const std::lock_guard<SpinMutex> lock(link_->mutex_);
+  Link& link = *link_;
+  Link::Channel& channel = *channel_;
+  if (!channel.receives.empty() || channel.failure != nullptr) return false;
+  if (!channel.arrived.empty()) {
+    Link::Arrived& message = channel.arrived.front();
+    if (!message.complete || message.bytes != bytes) return false;
+    if (bytes > 0) copyBytes(data, message.data.get(), bytes);
+    channel.arrived.pop_front();
+    return true;
+  }
+  if (!link.headLeft_ || link.headEnvelope_.channel != channel.id || link.headBytes_ != bytes ||
+      link.incoming_ != Link::Incoming::kNone || link.failure_ != nullptr) {
+    return false;
+  }
+  try {
+    if (!link.connection_->takeIncoming(data, bytes)) return false;
+  } catch (...) {
+    link.connectionThrew(std::current_exception());
+    link.signalSleepers();
+    link.rethrowConnectionFailure(channel);
+  }
+  link.headLeft_ = false;
+  // A pass that moves something wakes the link's sleepers (see drive()): a message of
+  // another channel may come next.
+  if (link.sleepers_ > 0) link.signalSleepers();
+  return true;
 }
 
 bool ChannelPair::endedCleanly() const noexcept {

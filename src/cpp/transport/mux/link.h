@@ -242,6 +242,9 @@ class Link : public std::enable_shared_from_this<Link> {
   Channel& channelFor(ChannelId id);
   // Hands `message` to the connection (nothing in flight).
   void startSending(Outgoing message);
+  // The connection threw `error` (a pass of drive(), or a take): records it as
+  // connectionFailed() does, a non-network error as the connection's end.
+  void connectionThrew(std::exception_ptr error);
   // The connection failed (or ended): records how, closes every channel for the peer.
   void connectionFailed(std::exception_ptr error, bool clean);
   // Gives up the connection for good (best effort notice, bounded by deadline).
@@ -335,6 +338,9 @@ class ChannelPair final : public Pair {
   size_t pendingSends() const override;
   size_t pendingRecvs() const override;
   bool peekIncoming(Envelope* envelope, size_t* bytes) override;
+  // The message peekIncoming() reported: from the channel's arrived messages, or from
+  // the connection (Pair::takeIncoming) when it was left there.
+  bool takeIncoming(void* data, size_t bytes) override;
   bool endedCleanly() const noexcept override;
   bool peerTookEverything() const noexcept override;
   void postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) override;

@@ -204,6 +204,38 @@ bool ShmPair::peekIncoming(Envelope* envelope, size_t* bytes) {
   }
 }
 
+bool ShmPair::takeIncoming(void* data, size_t bytes) {
+  rethrowIfFailed();
+  if (!recvs_.empty()) return false;
+  try {
+    // The header peekIncoming() validated: read again (the peer writes this memory), and
+    // only an inline message of the size the caller expects is taken here.
+    const uint64_t headerEnd = alignToCacheLine(readPosition_) + sizeof(MessageHeader);
+    if (cachedHead_ < headerEnd) return false;
+    MessageHeader header;
+    std::memcpy(&header, rxRing_ + (headerEnd - sizeof(MessageHeader)) % rxRingBytes_, sizeof(header));
+    if (header.marker != kHeaderMarker || header.kind != static_cast<uint32_t>(MessageKind::kInline) ||
+        header.bytes != bytes) {
+      return false;
+    }
+    const uint64_t end = headerEnd + bytes;
+    if (cachedHead_ < end && reloadHead() < end) return false;  // still arriving
+    if (bytes > 0) {
+      auto* out = static_cast<uint8_t*>(data);
+      const size_t offset = headerEnd % rxRingBytes_;
+      const size_t first = std::min(bytes, rxRingBytes_ - offset);  // the rest wrapped round
+      copyBytes(out, rxRing_ + offset, first);
+      if (first < bytes) copyBytes(out + first, rxRing_, bytes - first);
+    }
+    readPosition_ = end;
+    publishTail();
+    return true;
+  } catch (...) {
+    failure_ = std::current_exception();
+    throw;
+  }
+}
+
 void ShmPair::checkIncoming(const Envelope* current) {
   rethrowIfFailed();
   if (!recvs_.empty()) return;
@@ -514,6 +546,13 @@ uint64_t ShmPair::reloadHead() {
   if (head < cachedHead_ || head - publishedTail_ > rxRingBytes_) {
     throwProtocolError("moved the head of its ring to " + std::to_string(head) + " (valid: " +
                        std::to_string(cachedHead_) + " to " + std::to_string(publishedTail_ + rxRingBytes_) + ")");
+  }
+  if (head != cachedHead_) {
+    // The lines just published are about to be read (a header, then its payload): fetch
+    // the first few at once rather than one miss after the other.
+    uint64_t line = std::max(alignToCacheLine(readPosition_), cachedHead_ / kCacheLineBytes * kCacheLineBytes);
+    const uint64_t last = std::min(head, line + kPrefetchLines * kCacheLineBytes);
+    for (; line < last; line += kCacheLineBytes) __builtin_prefetch(rxRing_ + line % rxRingBytes_);
   }
   cachedHead_ = head;
   return head;

@@ -92,6 +92,8 @@ class ShmPair final : public Pair {
   // Reads the header at our tail, validated like a received one; the message stays in
   // the ring. Notices the peer's departure the way progress() does.
   bool peekIncoming(Envelope* envelope, size_t* bytes) override;
+  // An inline message whose payload has arrived in full: copied out, the tail moved past it.
+  bool takeIncoming(void* data, size_t bytes) override;
   bool endedCleanly() const noexcept override { return endedCleanly_; }
   bool peerTookEverything() const noexcept override;
   void postTentativeRecv(const Envelope& expected, void* data, size_t bytes, const Accumulate& accumulate) override;
@@ -125,6 +127,8 @@ class ShmPair final : public Pair {
   // (the clock is read every kClockCheckCalls progress() calls).
   static constexpr std::chrono::milliseconds kHealthCheckInterval{50};
   static constexpr unsigned kClockCheckCalls = 256;
+  // Lines of newly published data a reader fetches ahead when it sees the head move.
+  static constexpr uint64_t kPrefetchLines = 4;
 
  private:
   struct SendOp {
