@@ -14,6 +14,17 @@ inline void cpuRelax() {
 #endif
 }
 
+// Asks for the cache line at `address` in a writable state ahead of a store to it (x86
+// PREFETCHW, which processors without it run as a no-op), so that the store does not wait
+// for the line to be taken from another core's cache. A hint: no effect on memory.
+inline void prefetchForWrite(const void* address) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(address)));
+#else
+  __builtin_prefetch(address, 1);
+#endif
+}
+
 // The cores this process may run on (its affinity mask when it was first asked; 1 when
 // that cannot be read).
 inline int usableCores() {

@@ -14,6 +14,7 @@
 #include <ringtree/error.h>
 
 #include "common/copy.h"
+#include "common/cpu.h"
 
 namespace ringtree::transport::shm {
 
@@ -308,6 +309,14 @@ bool ShmPair::progressSends() {
     sends_.pop_front();
   }
   publishHead();
+  if (moved && sends_.empty()) {
+    // The next message's header and first payload line: last read by the peer, a ring
+    // ago. Taken back now, the next send's stores (and the head store behind them) do not
+    // wait for them.
+    for (uint64_t line = 0; line < kPrefetchLines; ++line) {
+      prefetchForWrite(txRing_ + (alignToCacheLine(writePosition_) + line * kCacheLineBytes) % txRingBytes_);
+    }
+  }
   return moved;
 }
 
