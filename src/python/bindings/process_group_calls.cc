@@ -219,6 +219,23 @@ py::list copyOf(py::handle sequence) {
   return py::reinterpret_steal<py::list>(list);
 }
 
+// Whether isend/irecv may post `buffer` without releasing the GIL: a host buffer of at most
+// kPostWithGilBytes that owns no export (a borrowed torch tensor, which the Python Work
+// keeps: the engine's thread never has to take the GIL to let go of it). Posting never
+// waits for a peer: it takes the point-to-point engine's lock (whose holders never wait
+// for the GIL: Works complete, and buffers are released, after it is let go) and does the
+// transfer work that is ready at once, a copy of at most the buffer. Releasing and retaking
+// the GIL costs more (~80 ns) than such a post. A device buffer's backend may block (a
+// communicator made on first use), and a large copy should not hold up other Python
+// threads: both are posted with the GIL released, as is a buffer with an export of its
+// own, whose release on the engine's thread would wait for the GIL.
+bool postWithGil(const Buffer& buffer) {
+  constexpr size_t kPostWithGilBytes = size_t{64} << 10;
+  const BufferView view = buffer.view();
+  return view.device.type == DeviceType::kCpu && !buffer.ownsExport() &&
+         view.count * elementSize(view.type) <= kPostWithGilBytes;
+}
+
 }  // namespace
 
 namespace calls {
@@ -430,9 +447,10 @@ py::object barrier(ProcessGroup& group, const Timeout& timeout, bool asyncOp) {
   return py::none();
 }
 
-// Point-to-point. The engine is entered without the GIL (its progress thread may need it
-// to release a finished operation's buffer); a blocking call's buffer is released after
-// the GIL is taken back.
+// Point-to-point. A blocking call enters the engine without the GIL (it waits for the
+// peer; the engine's progress thread may need the GIL to release a finished operation's
+// buffer), and its buffer is released after the GIL is taken back; isend/irecv of small
+// host buffers keep it (postWithGil).
 void send(ProcessGroup& group, py::handle tensor, int dst, int tag) {
   const Buffer buffer(tensor, Access::kRead, "send", Hold::kCall);
   py::gil_scoped_release release;
@@ -450,7 +468,9 @@ py::object isend(ProcessGroup& group, py::handle tensor, int dst, int tag) {
   const BufferView view = buffer.view();
   std::shared_ptr<void> state = oneTensorState(tensor);
   std::shared_ptr<Work> work;
-  {
+  if (postWithGil(buffer)) {
+    work = group.isend(view, dst, tag, keepAliveFor(std::move(buffer), state));
+  } else {
     py::gil_scoped_release release;
     work = group.isend(view, dst, tag, keepAliveFor(std::move(buffer), state));
   }
@@ -462,7 +482,9 @@ py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   const BufferView view = buffer.view();
   std::shared_ptr<void> state = oneTensorState(tensor);
   std::shared_ptr<Work> work;
-  {
+  if (postWithGil(buffer)) {
+    work = group.irecv(view, src, tag, keepAliveFor(std::move(buffer), state));
+  } else {
     py::gil_scoped_release release;
     work = group.irecv(view, src, tag, keepAliveFor(std::move(buffer), state));
   }
