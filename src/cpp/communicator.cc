@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/cpu.h"
@@ -201,8 +202,12 @@ void CommunicatorImpl::waitIdle(transport::Pair* const* pairs, size_t count, net
       if (busy.empty()) return;
       if (Clock::now() >= spinEnd) break;
       cpuRelax();
-      if (i >= kPauseIterations) sched_yield();
+      if (i >= kPauseIterations) {
+        BeforeWaiting::notify();  // a short spin keeps the caller's lock; a wait does not
+        sched_yield();
+      }
     }
+    BeforeWaiting::notify();
     const int abortFd = abortDescriptor();  // before the flag is read (see abortEvent_)
     if (aborted_.load(std::memory_order_seq_cst)) throw WaitAborted(rank_, describePeers(busy));
     if (Clock::now() >= deadline) {

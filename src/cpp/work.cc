@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/logging.h"
@@ -29,6 +30,7 @@ bool Work::wait(std::chrono::milliseconds timeout) {
     if (exception_) std::rethrow_exception(exception_);
     return true;
   }
+  BeforeWaiting::notify();
   using Clock = std::chrono::steady_clock;
   Clock::time_point deadline = Clock::time_point::max();
   if (timeout.count() > 0) {  // one past the clock's range is no limit (rather than an overflowed deadline)

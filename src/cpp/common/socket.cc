@@ -15,6 +15,7 @@
 #include <cstring>
 #include <set>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/process_identity.h"
@@ -27,6 +28,7 @@ namespace {
 // (including error/hang-up conditions, which the next I/O call reports), 0 on timeout,
 // or -errno.
 int waitFor(int fd, short events, Deadline deadline) {
+  BeforeWaiting::notify();
   for (;;) {
     pollfd pfd{fd, events, 0};
     const int rc = ::poll(&pfd, 1, pollTimeoutMs(deadline));

@@ -10,6 +10,7 @@
 #include <limits>
 #include <utility>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 #include <ringtree/p2p.h>
 
@@ -386,6 +387,7 @@ bool PointToPointEngine::sleepClaimed(std::unique_lock<std::mutex>& lock, int cl
     int timeoutMs = net::pollTimeoutMs(std::min(nextDeadline_, until));
     if (timeoutMs < 0 || timeoutMs > kMaxSleepMs) timeoutMs = kMaxSleepMs;
     if (wake.fd < 0) timeoutMs = std::min(timeoutMs, Waiter::kNoWakeSleepMs);
+    BeforeWaiting::notify();
     lock.unlock();
     if (::poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) {
       RINGTREE_WARN("rank " << rank_ << ": point-to-point: poll failed: " << net::errnoText(errno));

@@ -12,6 +12,8 @@
 #include <exception>
 #include <utility>
 
+#include <ringtree/before_waiting.h>
+
 #include "common/cpu.h"
 #include "common/socket.h"
 
@@ -46,7 +48,10 @@ class Backoff {
   // Between two passes that moved nothing.
   void pause() {
     cpuRelax();
-    if (++idlePasses_ > pausesBeforeYield_) sched_yield();
+    if (++idlePasses_ > pausesBeforeYield_) {
+      BeforeWaiting::notify();  // a short spin keeps the caller's lock; a wait does not
+      sched_yield();
+    }
   }
 
  private:
@@ -136,6 +141,7 @@ class Waiter {
     Backoff backoff(spinTime, pausesBeforeYield);
     while (!finished() && !backoff.spunOut()) backoff.pause();
     while (!finished()) {
+      BeforeWaiting::notify();
       pollfd wake;
       if (!prepareToSleep(&wake)) break;
       ::poll(&wake, 1, wake.fd < 0 ? kNoWakeSleepMs : -1);

@@ -16,6 +16,7 @@
 #include <ringtree/process_group.h>
 
 #include "buffers.h"
+#include "gil_until_wait.h"
 #include "work.h"
 
 namespace py = pybind11;
@@ -111,6 +112,8 @@ std::vector<int64_t> parseSplitSizes(py::handle sizes, const char* name) {
   return parsed;
 }
 
+bool onHost(const BufferView& view) { return view.device.type == DeviceType::kCpu; }
+
 // The buffers one call borrows: on the stack for a synchronous call, owned by the Work of
 // an asynchronous one (its keep-alive), so that they stay borrowed until it completes.
 // Borrowed with the GIL held; released on any thread (see Buffer).
@@ -120,6 +123,9 @@ class Borrowed {
   Borrowed(const char* what, Hold hold) : what_(what), hold_(hold) {}
 
   BufferView one(py::handle object, Access access) { return borrow(object, access, hold_); }
+
+  // Whether every buffer borrowed so far is in host memory.
+  bool onHost() const { return onHost_; }
 
   // Every element of `list` (the argument `name`), which must be a list or a tuple
   // (TypeError otherwise); None is an empty list when `noneIsEmpty`.
@@ -145,17 +151,22 @@ class Borrowed {
   static constexpr size_t kInline = 2;
 
   BufferView borrow(py::handle object, Access access, Hold hold) {
+    Buffer* buffer = nullptr;
     if (inlineCount_ < kInline) {
       std::optional<Buffer>& slot = inline_[inlineCount_++];
       slot.emplace(object, access, what_, hold);
-      return slot->view();
+      buffer = &*slot;
+    } else {
+      buffer = &buffers_.emplace_back(object, access, what_, hold);
     }
-    buffers_.emplace_back(object, access, what_, hold);
-    return buffers_.back().view();
+    const BufferView view = buffer->view();
+    onHost_ = onHost_ && ringtree::python::onHost(view);
+    return view;
   }
 
   const char* what_;
   Hold hold_;
+  bool onHost_ = true;
   std::array<std::optional<Buffer>, kInline> inline_;
   size_t inlineCount_ = 0;
   std::vector<Buffer> buffers_;
@@ -167,14 +178,14 @@ Hold holdFor(bool asyncOp) { return asyncOp ? Hold::kExport : Hold::kCall; }
 
 // A call over the buffers `borrowed` holds: with asyncOp, submitted by async(keepAlive)
 // with them as the Work's keep-alive and outputs() kept by the Python Work for
-// Work.result() (returns the Work); else sync() at once with the GIL released (returns
-// None).
+// Work.result() (returns the Work); else sync() at once, with the GIL until it waits
+// (returns None).
 template <typename Sync, typename Async, typename Outputs>
 py::object run(bool asyncOp, Borrowed& borrowed, const Sync& sync, const Async& async, const Outputs& outputs) {
   if (asyncOp) {
     return pythonWork(async(std::make_shared<Borrowed>(std::move(borrowed))), outputs());
   }
-  py::gil_scoped_release release;
+  const GilUntilWait gil(borrowed.onHost());
   sync();
   return py::none();
 }
@@ -201,7 +212,7 @@ py::object runOne(bool asyncOp, Buffer& buffer, py::handle tensor, const Sync& s
     std::shared_ptr<Work> work = async(view, keepAliveFor(std::move(buffer), state));  // before state moves on
     return pythonWorkWithState(std::move(work), std::move(state));
   }
-  py::gil_scoped_release release;
+  const GilUntilWait gil(onHost(view));
   sync(view);
   return py::none();
 }
@@ -232,7 +243,7 @@ py::list copyOf(py::handle sequence) {
 bool postWithGil(const Buffer& buffer) {
   constexpr size_t kPostWithGilBytes = size_t{64} << 10;
   const BufferView view = buffer.view();
-  return view.device.type == DeviceType::kCpu && !buffer.ownsExport() &&
+  return onHost(view) && !buffer.ownsExport() &&
          view.count * elementSize(view.type) <= kPostWithGilBytes;
 }
 
@@ -447,19 +458,19 @@ py::object barrier(ProcessGroup& group, const Timeout& timeout, bool asyncOp) {
   return py::none();
 }
 
-// Point-to-point. A blocking call enters the engine without the GIL (it waits for the
-// peer; the engine's progress thread may need the GIL to release a finished operation's
-// buffer), and its buffer is released after the GIL is taken back; isend/irecv of small
-// host buffers keep it (postWithGil).
+// Point-to-point. A blocking call keeps the GIL until it waits for the peer (then the
+// engine's progress thread may need it to release a finished operation's buffer), and
+// its buffer is released after the GIL is taken back; isend/irecv of small host buffers
+// keep it (postWithGil).
 void send(ProcessGroup& group, py::handle tensor, int dst, int tag) {
   const Buffer buffer(tensor, Access::kRead, "send", Hold::kCall);
-  py::gil_scoped_release release;
+  const GilUntilWait gil(onHost(buffer.view()));
   group.send(buffer.view(), dst, tag);
 }
 
 int recv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   const Buffer buffer(tensor, Access::kReadWrite, "recv", Hold::kCall);
-  py::gil_scoped_release release;
+  const GilUntilWait gil(onHost(buffer.view()));
   return group.recv(buffer.view(), src, tag);
 }
 

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sched.h>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/cpu.h"
@@ -53,8 +54,12 @@ void ArenaCall::waitSlowly(int peer, uint32_t target) {
       // Once every iteration yields, its system call dwarfs the clock read.
       if ((i % kClockIterations == 0 || i > pauseIterations_) && Clock::now() >= spinEnd) break;
       cpuRelax();
-      if (i > pauseIterations_) sched_yield();
+      if (i > pauseIterations_) {
+        BeforeWaiting::notify();  // a short spin keeps the caller's lock; a wait does not
+        sched_yield();
+      }
     }
+    BeforeWaiting::notify();
     const uint32_t seen = arena_.peerStep(peer);
     if (ready(peer, target)) return;
     checkWhileWaiting(peer, target, start);

@@ -1,6 +1,7 @@
 #pragma once
 
 // Umbrella header for C++ users of ringtree: every public header.
+#include <ringtree/before_waiting.h>
 #include <ringtree/buffer.h>
 #include <ringtree/collectives.h>
 #include <ringtree/communicator.h>

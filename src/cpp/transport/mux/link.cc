@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/copy.h"
@@ -456,6 +457,7 @@ void Link::close(Channel& channel, net::Deadline deadline, bool sendBuffersValid
 
 template <typename Done>
 bool Link::driveUntil(std::unique_lock<SpinMutex>& lock, net::Deadline deadline, Done done) {
+  BeforeWaiting::notify();
   auto lastMove = net::Clock::now();
   for (int pass = 0;; ++pass) {
     // Waiting for a connection being made (a lazy link's first use) is not a stall.

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/copy.h"
@@ -651,6 +652,7 @@ void ShmPair::disarmWait() {
 }
 
 bool ShmPair::waitForSpace(uint64_t end, net::Deadline deadline) {
+  BeforeWaiting::notify();
   for (;;) {
     if (end - reloadTail() <= txRingBytes_) return true;
     if (peerClosed_ || net::Clock::now() >= deadline) return false;
