@@ -108,7 +108,8 @@ void PointToPointEngine::postSend(Owner owner, const char* opName, const void* d
                                   DataType type, int peer, int tag, Completions* done) {
   ++pendingOperations_;
   Peer& target = peers_[static_cast<size_t>(peer)];
-  Send send{std::move(owner), opName, tag, type, count, target.nextSendSequence, net::deadlineAfter(timeout_)};
+  // The deadline is set if the send stays pending (most small ones finish here).
+  Send send{std::move(owner), opName, tag, type, count, target.nextSendSequence, net::kNoDeadline};
   if (target.failed) {
     complete(send.owner, errorFor(target.failureKind, describe(peer, send), target.failureReason), done);
     return;
@@ -119,14 +120,19 @@ void PointToPointEngine::postSend(Owner owner, const char* opName, const void* d
     target.pair->postSend(p2p::dataEnvelope(send.sequence, tag, type, count), data, bytes);
     target.sends.push_back(std::move(send));
     queued = true;
-    nextDeadline_ = std::min(nextDeadline_, target.sends.back().deadline);
     // Hand the bytes over at once when that is all the pair has to do (a posted receive
     // may mean a large copy, which is the job of whoever drives the pair).
     if (target.pair->pendingRecvs() == 0) {
       target.pair->progress();
       retireSends(target, done);
     }
-    if (!target.sends.empty()) nudgeClaimers(peer);  // its claimer must arm for this send
+    if (!target.sends.empty()) {
+      // Still pending (sends retire in order: this one is the last).
+      Send& pending = target.sends.back();
+      pending.deadline = net::deadlineAfter(timeout_);
+      nextDeadline_ = std::min(nextDeadline_, pending.deadline);
+      nudgeClaimers(peer);  // its claimer must arm for this send
+    }
   } catch (const std::exception& e) {
     if (!queued) complete(send.owner, errorFor(FailureKind::kBroken, describe(peer, send), e.what()), done);
     failPeer(peer, FailureKind::kBroken, e.what(), nullptr, done);
@@ -145,6 +151,8 @@ void PointToPointEngine::postReceive(const ReceivePtr& receive, Completions* don
     complete(receive->owner,
              errorFor(FailureKind::kGivenUp, describe(*receive), "no rank can send to this rank any more"), done);
   } else {
+    // Waits in a queue: due after the timeout from now (one served at once needs no clock).
+    receive->deadline = net::deadlineAfter(timeout_);
     (anySource ? anySourceReceives_ : peers_[static_cast<size_t>(peer)].receives).push_back(receive);
     nextDeadline_ = std::min(nextDeadline_, receive->deadline);
     // Take the message at once if it has arrived.
@@ -189,7 +197,7 @@ std::shared_ptr<Work> PointToPointEngine::irecv(void* data, size_t count, DataTy
     const auto receive =
         std::make_shared<Receive>(Receive{Owner{nullptr, &atPost, nullptr}, "irecv", peer, tag, type, count,
                                           static_cast<uint8_t*>(data), bytes, nextReceiveOrder_++,
-                                          net::deadlineAfter(timeout_)});
+                                          net::kNoDeadline});  // see postReceive
     postReceive(receive, &done);
     if (!atPost.completed) work = adoptPending(&receive->owner, "irecv", peer, std::move(keepAlive));
     if (pendingOperations_ > 0) handOffLater(firstPending);
@@ -225,7 +233,6 @@ int PointToPointEngine::recv(void* data, size_t count, DataType type, int peer, 
     refuseCall("recv", /*receive=*/true, peer, /*blocking=*/true);
     const int claim = claimable(peer) ? peer : kNoClaim;
     receive.order = nextReceiveOrder_++;
-    receive.deadline = net::deadlineAfter(timeout_);
     postReceive(ReceivePtr(ReceivePtr(), &receive), &done);  // owns nothing: see Receive
     completeBlocking(lock, claim, call, &done);
   }
@@ -295,7 +302,7 @@ void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadli
         claimedElsewhere = claimedElsewhere || target.claimer != nullptr;
         polledByThread = polledByThread || target.armed;
       }
-      if (claimedElsewhere || Clock::now() >= until) return;
+      if (claimedElsewhere || (until != net::kNoDeadline && Clock::now() >= until)) return;
       if (!polledByThread) break;
       if (backoff.spunOut()) return;
       wakeThread();

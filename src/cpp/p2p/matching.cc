@@ -81,6 +81,10 @@ void PointToPointEngine::serveFromUnexpected(int index, size_t position, const R
     return;
   }
   if (!message.complete) {
+    // Waits for the rest of the message: due after the timeout from its posting (a receive
+    // posted just now gets its deadline here, see postReceive).
+    if (receive->deadline == net::kNoDeadline) receive->deadline = net::deadlineAfter(timeout_);
+    nextDeadline_ = std::min(nextDeadline_, receive->deadline);
     message.taker = receive;
     return;
   }
