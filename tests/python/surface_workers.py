@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import warnings
 from datetime import timedelta
 
@@ -431,6 +432,32 @@ def p2p_cases(rank: int, n: int, check: Checker) -> None:
     works = dist.batch_isend_irecv(ops)
     check(len(works) == 4 and all(w.wait() for w in works), "batch_isend_irecv completes")
     check(same_bits(incoming[0], big(prv, 0)) and same_bits(incoming[1], big(nxt, 1)), "batch_isend_irecv data")
+
+    # Done callbacks that run inside a blocking call (small calls keep the GIL until they
+    # wait), or on the engine's thread, and post point-to-point calls of their own, small
+    # (posted with the GIL) and large.
+    first, marker, echo = torch.zeros(2), torch.zeros(1), torch.zeros(BIG)
+    replies: list = []
+    pending = dist.irecv(first, prv, tag=20)
+
+    def on_first(_error: object) -> None:
+        replies.append(dist.isend(first * 2, nxt, tag=21))
+        replies.append(dist.isend(big(rank, 6), nxt, tag=22))
+
+    pending._add_done_callback(on_first)
+    dist.send(torch.full((2,), float(rank)), nxt, tag=20)
+    dist.send(torch.ones(1), nxt, tag=23)
+    dist.recv(marker, prv, tag=23)  # the callback may run inside this call
+    doubled = torch.zeros(2)
+    dist.recv(doubled, prv, tag=21)
+    dist.recv(echo, prv, tag=22)
+    pending.wait()
+    settled = time.monotonic() + 10  # the callback may still be running on the engine's thread
+    while len(replies) < 2 and time.monotonic() < settled:
+        time.sleep(0.001)
+    check(len(replies) == 2 and all(w.wait() for w in replies), "callbacks' point-to-point calls complete")
+    check(torch.equal(doubled, torch.full((2,), 2.0 * ((prv - 1) % n))) and same_bits(echo, big(prv, 6)),
+          "point-to-point calls made by done callbacks inside a blocking call")
 
 
 # --- object collectives ----------------------------------------------------------------------

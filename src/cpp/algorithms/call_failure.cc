@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include <ringtree/before_waiting.h>
 #include <ringtree/error.h>
 
 #include "common/logging.h"
@@ -191,6 +192,8 @@ void throwBroken(const detail::CommunicatorImpl& comm, const transport::Envelope
 }
 
 void failCall(Call& call, std::exception_ptr error) {
+  // What follows may wait (notices to peers, the peers' status through the store).
+  BeforeWaiting::notify();
   try {
     std::rethrow_exception(error);
   } catch (const transport::EnvelopeMismatch& mismatch) {

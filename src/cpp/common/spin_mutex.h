@@ -5,6 +5,8 @@
 
 #include <atomic>
 
+#include <ringtree/before_waiting.h>
+
 #include "common/cpu.h"
 
 namespace ringtree {
@@ -34,6 +36,7 @@ class SpinMutex {
         if (round < kSpinRounds) {
           cpuRelax();
         } else if (round < kSpinRounds + kYieldRounds) {
+          if (round == kSpinRounds) BeforeWaiting::notify();  // its holder is slow: a wait
           sched_yield();
         } else {
           const timespec nap{0, 50 * 1000};

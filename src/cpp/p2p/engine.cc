@@ -69,7 +69,11 @@ PointToPointEngine::~PointToPointEngine() {
 
 std::unique_lock<std::mutex> PointToPointEngine::lockForCaller() {
   callersWaiting_.fetch_add(1, std::memory_order_relaxed);
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    BeforeWaiting::notify();  // its holder may be in a long pass (a large copy, notices)
+    lock.lock();
+  }
   callersWaiting_.fetch_sub(1, std::memory_order_relaxed);
   return lock;
 }
@@ -394,8 +398,8 @@ bool PointToPointEngine::sleepClaimed(std::unique_lock<std::mutex>& lock, int cl
     int timeoutMs = net::pollTimeoutMs(std::min(nextDeadline_, until));
     if (timeoutMs < 0 || timeoutMs > kMaxSleepMs) timeoutMs = kMaxSleepMs;
     if (wake.fd < 0) timeoutMs = std::min(timeoutMs, Waiter::kNoWakeSleepMs);
-    BeforeWaiting::notify();
     lock.unlock();
+    BeforeWaiting::notify();
     if (::poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) {
       RINGTREE_WARN("rank " << rank_ << ": point-to-point: poll failed: " << net::errnoText(errno));
     }

@@ -180,13 +180,17 @@ bool PointToPointEngine::acceptIncoming(int index, const transport::Envelope& en
       reportMismatch(index, receive, envelope, done);
       return false;
     }
-    // A message that has arrived whole is taken at once; otherwise it lands as it comes.
-    if (peer.pair->takeIncoming(receive->data, bytes)) {
-      complete(receive->owner, nullptr, done, index);
+    // The peer's transfer from here on, so that a pair that throws below fails it with the
+    // peer (failPeer) rather than lose it. A message that has arrived whole is taken at
+    // once; otherwise it lands as it comes.
+    peer.transfer = Transfer::kIntoReceive;
+    peer.transferReceive = std::move(receive);
+    if (peer.pair->takeIncoming(peer.transferReceive->data, bytes)) {
+      complete(peer.transferReceive->owner, nullptr, done, index);
+      peer.transfer = Transfer::kNone;
+      peer.transferReceive.reset();
     } else {
-      peer.pair->postRecv(envelope, receive->data, bytes);
-      peer.transfer = Transfer::kIntoReceive;
-      peer.transferReceive = std::move(receive);
+      peer.pair->postRecv(envelope, peer.transferReceive->data, bytes);
     }
   } else if (bytes <= kEagerBytes || receivesMayWaitBehind(peer)) {
     Unexpected message;

@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "gil_until_wait.h"
+
 namespace py = pybind11;
 
 namespace ringtree::python {
@@ -599,6 +601,7 @@ void Buffer::release() noexcept {
   if (owner_ == Owner::kNone || pythonIsFinalizing()) {
     return;  // nothing held, or Python is going away: leak rather than call into it
   }
+  const PythonRunsHere python;  // a deleter may run Python code (a capsule's, __del__)
   switch (owner_) {
     case Owner::kVersioned: {
       auto* managed = static_cast<dl::ManagedTensorVersioned*>(managed_);

@@ -13,6 +13,7 @@
 #include <ringtree/store/store.h>
 
 #include "buffers.h"
+#include "gil_until_wait.h"
 
 namespace py = pybind11;
 
@@ -49,6 +50,7 @@ class ForeignStore final : public Store {
       return;
     }
     py::gil_scoped_acquire gil;
+    const PythonRunsHere python;
     store_ = py::object();
   }
 
@@ -132,6 +134,7 @@ class ForeignStore final : public Store {
       throw StoreError(description_ + "." + method + ": the Python interpreter is shutting down");
     }
     py::gil_scoped_acquire gil;
+    const PythonRunsHere python;
     try {
       body();
     } catch (py::error_already_set& error) {

@@ -114,6 +114,11 @@ std::vector<int64_t> parseSplitSizes(py::handle sizes, const char* name) {
 
 bool onHost(const BufferView& view) { return view.device.type == DeviceType::kCpu; }
 
+size_t bytesOf(const BufferView& view) { return view.count * elementSize(view.type); }
+
+// Whether a call on `view` alone may keep the GIL until it waits (GilUntilWait).
+bool holdsGil(const BufferView& view) { return onHost(view) && bytesOf(view) <= kHoldGilBytes; }
+
 // The buffers one call borrows: on the stack for a synchronous call, owned by the Work of
 // an asynchronous one (its keep-alive), so that they stay borrowed until it completes.
 // Borrowed with the GIL held; released on any thread (see Buffer).
@@ -124,8 +129,9 @@ class Borrowed {
 
   BufferView one(py::handle object, Access access) { return borrow(object, access, hold_); }
 
-  // Whether every buffer borrowed so far is in host memory.
-  bool onHost() const { return onHost_; }
+  // Whether the call may keep the GIL until it waits (GilUntilWait): every buffer
+  // borrowed so far is in host memory, and they hold at most kHoldGilBytes in all.
+  bool holdsGil() const { return onHost_ && bytes_ <= kHoldGilBytes; }
 
   // Every element of `list` (the argument `name`), which must be a list or a tuple
   // (TypeError otherwise); None is an empty list when `noneIsEmpty`.
@@ -161,12 +167,14 @@ class Borrowed {
     }
     const BufferView view = buffer->view();
     onHost_ = onHost_ && ringtree::python::onHost(view);
+    bytes_ += bytesOf(view);
     return view;
   }
 
   const char* what_;
   Hold hold_;
   bool onHost_ = true;
+  size_t bytes_ = 0;
   std::array<std::optional<Buffer>, kInline> inline_;
   size_t inlineCount_ = 0;
   std::vector<Buffer> buffers_;
@@ -185,8 +193,10 @@ py::object run(bool asyncOp, Borrowed& borrowed, const Sync& sync, const Async& 
   if (asyncOp) {
     return pythonWork(async(std::make_shared<Borrowed>(std::move(borrowed))), outputs());
   }
-  const GilUntilWait gil(borrowed.onHost());
-  sync();
+  {
+    const GilUntilWait gil(borrowed.holdsGil());
+    sync();
+  }
   return py::none();
 }
 
@@ -212,8 +222,10 @@ py::object runOne(bool asyncOp, Buffer& buffer, py::handle tensor, const Sync& s
     std::shared_ptr<Work> work = async(view, keepAliveFor(std::move(buffer), state));  // before state moves on
     return pythonWorkWithState(std::move(work), std::move(state));
   }
-  const GilUntilWait gil(onHost(view));
-  sync(view);
+  {
+    const GilUntilWait gil(holdsGil(view));
+    sync(view);
+  }
   return py::none();
 }
 
@@ -230,22 +242,14 @@ py::list copyOf(py::handle sequence) {
   return py::reinterpret_steal<py::list>(list);
 }
 
-// Whether isend/irecv may post `buffer` without releasing the GIL: a host buffer of at most
-// kPostWithGilBytes that owns no export (a borrowed torch tensor, which the Python Work
-// keeps: the engine's thread never has to take the GIL to let go of it). Posting never
-// waits for a peer: it takes the point-to-point engine's lock (whose holders never wait
-// for the GIL: Works complete, and buffers are released, after it is let go) and does the
-// transfer work that is ready at once, a copy of at most the buffer. Releasing and retaking
-// the GIL costs more (~80 ns) than such a post. A device buffer's backend may block (a
-// communicator made on first use), and a large copy should not hold up other Python
-// threads: both are posted with the GIL released, as is a buffer with an export of its
-// own, whose release on the engine's thread would wait for the GIL.
-bool postWithGil(const Buffer& buffer) {
-  constexpr size_t kPostWithGilBytes = size_t{64} << 10;
-  const BufferView view = buffer.view();
-  return onHost(view) && !buffer.ownsExport() &&
-         view.count * elementSize(view.type) <= kPostWithGilBytes;
-}
+// Whether isend/irecv may post `buffer` with the GIL until the post waits (GilUntilWait):
+// a small host buffer (holdsGil) that owns no export (a borrowed torch tensor, which the
+// Python Work keeps: the engine's thread never takes the GIL to let go of it). A post
+// waits only for the engine's lock while another thread holds it, or does work of other
+// operations' that counts as a wait (a direct pull): the hook releases the GIL then. A
+// buffer with an export of its own is posted with the GIL released, as before: its
+// release on the engine's thread would wait for the GIL.
+bool postWithGil(const Buffer& buffer) { return holdsGil(buffer.view()) && !buffer.ownsExport(); }
 
 }  // namespace
 
@@ -458,19 +462,18 @@ py::object barrier(ProcessGroup& group, const Timeout& timeout, bool asyncOp) {
   return py::none();
 }
 
-// Point-to-point. A blocking call keeps the GIL until it waits for the peer (then the
-// engine's progress thread may need it to release a finished operation's buffer), and
-// its buffer is released after the GIL is taken back; isend/irecv of small host buffers
-// keep it (postWithGil).
+// Point-to-point. Calls on small host buffers keep the GIL until they wait (GilUntilWait,
+// postWithGil): then the engine's progress thread may need it to release a finished
+// operation's buffer. A blocking call's buffer is released with the GIL held.
 void send(ProcessGroup& group, py::handle tensor, int dst, int tag) {
   const Buffer buffer(tensor, Access::kRead, "send", Hold::kCall);
-  const GilUntilWait gil(onHost(buffer.view()));
+  const GilUntilWait gil(holdsGil(buffer.view()));
   group.send(buffer.view(), dst, tag);
 }
 
 int recv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   const Buffer buffer(tensor, Access::kReadWrite, "recv", Hold::kCall);
-  const GilUntilWait gil(onHost(buffer.view()));
+  const GilUntilWait gil(holdsGil(buffer.view()));
   return group.recv(buffer.view(), src, tag);
 }
 
@@ -479,10 +482,8 @@ py::object isend(ProcessGroup& group, py::handle tensor, int dst, int tag) {
   const BufferView view = buffer.view();
   std::shared_ptr<void> state = oneTensorState(tensor);
   std::shared_ptr<Work> work;
-  if (postWithGil(buffer)) {
-    work = group.isend(view, dst, tag, keepAliveFor(std::move(buffer), state));
-  } else {
-    py::gil_scoped_release release;
+  {
+    const GilUntilWait gil(postWithGil(buffer));
     work = group.isend(view, dst, tag, keepAliveFor(std::move(buffer), state));
   }
   return pythonWorkWithState(std::move(work), std::move(state));
@@ -493,10 +494,8 @@ py::object irecv(ProcessGroup& group, py::handle tensor, int src, int tag) {
   const BufferView view = buffer.view();
   std::shared_ptr<void> state = oneTensorState(tensor);
   std::shared_ptr<Work> work;
-  if (postWithGil(buffer)) {
-    work = group.irecv(view, src, tag, keepAliveFor(std::move(buffer), state));
-  } else {
-    py::gil_scoped_release release;
+  {
+    const GilUntilWait gil(postWithGil(buffer));
     work = group.irecv(view, src, tag, keepAliveFor(std::move(buffer), state));
   }
   return pythonWorkWithState(std::move(work), std::move(state));

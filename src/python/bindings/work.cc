@@ -16,6 +16,7 @@
 #include "buffers.h"
 #include "errors.h"
 #include "fast_methods.h"
+#include "gil_until_wait.h"
 
 namespace py = pybind11;
 
@@ -39,6 +40,7 @@ struct HeldOffThread {
       callback.release();
       return;
     }
+    const PythonRunsHere python;  // letting go of the objects may run __del__
     if (PyGILState_Check() != 0) {  // the usual case: the last reference was a Python object's
       clear();
       return;
@@ -101,6 +103,7 @@ void addDoneCallback(Work& work, py::function callback) {
   work.addCallback([held](Work& finished) {
     if (pythonIsFinalizing()) return;
     py::gil_scoped_acquire gil;
+    const PythonRunsHere python;
     py::object function = std::move(held->callback);
     try {
       function(toPythonException(finished.exception()));

@@ -25,7 +25,8 @@ namespace ringtree {
 // hook may run inside one.
 //
 // Thread-local. Installs nest: one saves the hook it replaces, and its destruction
-// restores that one. A hook returns whether it is done: true uninstalls it (it runs once),
+// restores that one; a null hook masks the one it replaces (for code of the front's own
+// that runs inside a call, which must not have the front's lock let go from under it). A hook returns whether it is done: true uninstalls it (it runs once),
 // false keeps it for the next wait (one that found nothing to let go of this time, the
 // caller's own code having released it for a while). It may run with the library's locks
 // held: it must not block, throw, nor call into ringtree.

@@ -457,7 +457,6 @@ void Link::close(Channel& channel, net::Deadline deadline, bool sendBuffersValid
 
 template <typename Done>
 bool Link::driveUntil(std::unique_lock<SpinMutex>& lock, net::Deadline deadline, Done done) {
-  BeforeWaiting::notify();
   auto lastMove = net::Clock::now();
   for (int pass = 0;; ++pass) {
     // Waiting for a connection being made (a lazy link's first use) is not a stall.
@@ -466,6 +465,7 @@ bool Link::driveUntil(std::unique_lock<SpinMutex>& lock, net::Deadline deadline,
     const auto now = net::Clock::now();
     if (failure_ != nullptr || now >= deadline || now - lastMove >= kStallLimit) return false;
     lock.unlock();
+    BeforeWaiting::notify();
     if (pass < 64) {
       std::this_thread::yield();
     } else {

@@ -129,6 +129,7 @@ bool ShmPair::withdrawTentativeRecv() noexcept {
 }
 
 bool ShmPair::detachSends(net::Deadline deadline) {
+  BeforeWaiting::notify();  // may wait for the peer to finish a pull
   const auto copyOf = [](const uint8_t* data, size_t bytes) {
     std::unique_ptr<uint8_t[]> copy(new uint8_t[bytes]);
     std::memcpy(copy.get(), data, bytes);
@@ -310,12 +311,13 @@ bool ShmPair::progressSends() {
     sends_.pop_front();
   }
   publishHead();
-  if (moved && sends_.empty()) {
-    // The next message's header and first payload line: last read by the peer, a ring
-    // ago. Taken back now, the next send's stores (and the head store behind them) do not
-    // wait for them.
+  const uint64_t next = alignToCacheLine(writePosition_);
+  if (moved && sends_.empty() && next + kPrefetchLines * kCacheLineBytes - cachedTail_ <= txRingBytes_) {
+    // The next message's header and first payload lines, free as far as this side knows:
+    // last read by the peer, a ring ago. Taken back now, the next send's stores (and the
+    // head store behind them) do not wait for them.
     for (uint64_t line = 0; line < kPrefetchLines; ++line) {
-      prefetchForWrite(txRing_ + (alignToCacheLine(writePosition_) + line * kCacheLineBytes) % txRingBytes_);
+      prefetchForWrite(txRing_ + (next + line * kCacheLineBytes) % txRingBytes_);
     }
   }
   return moved;
@@ -484,6 +486,7 @@ DirectDescriptor& ShmPair::rxDescriptor(uint64_t end) const {
 
 void ShmPair::pullDirect(RecvOp& op) {
   if (op.discard) return;  // detached: nothing to copy; moving the tail finishes the send
+  BeforeWaiting::notify();  // a copy of at least the direct-copy threshold: long enough to count as a wait
   DirectDescriptor& descriptor = rxDescriptor(headerEnd_);
   uint32_t state = kDirectPosted;
   if (!descriptor.state.compare_exchange_strong(state, kDirectTaken, std::memory_order_acq_rel) &&
