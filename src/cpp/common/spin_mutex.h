@@ -35,8 +35,11 @@ class SpinMutex {
       while (locked_.load(std::memory_order_relaxed)) {
         if (round < kSpinRounds) {
           cpuRelax();
-        } else if (round < kSpinRounds + kYieldRounds) {
-          if (round == kSpinRounds) BeforeWaiting::notify();  // its holder is slow: a wait
+          ++round;
+          continue;
+        }
+        BeforeWaiting::notify();  // its holder is slow: a wait (the hook runs once at most)
+        if (round < kSpinRounds + kYieldRounds) {
           sched_yield();
         } else {
           const timespec nap{0, 50 * 1000};

@@ -100,6 +100,9 @@ HeldOffThread& stateOf(PyWork& self) {
 void addDoneCallback(Work& work, py::function callback) {
   auto held = std::make_shared<HeldOffThread>();
   held->callback = std::move(callback);
+  // Adding it may wait (a point-to-point Work hands its operation to the engine's thread,
+  // taking the engine's lock): the GIL goes if it does.
+  const GilUntilWait gilWhileAdding(true);
   work.addCallback([held](Work& finished) {
     if (pythonIsFinalizing()) return;
     py::gil_scoped_acquire gil;
