@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ringtree as dist
-from harness import failed_cases
+from harness import failed_cases, run_world
 from surface_workers import WORLDS, launch
 
 
@@ -83,3 +83,14 @@ def test_argument_rules(world1):
 def test_requires_an_initialized_group():
     with pytest.raises(ValueError, match="Default process group has not been initialized"):
         dist.send(torch.zeros(1), 1)
+
+
+def test_threads_share_the_gil():
+    """Small calls keep the GIL until they wait: collectives, point-to-point with futures
+    and plain Python code on three threads of each rank all finish (workers.py)."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for rank, result in enumerate(run_world("workers:threads_share_the_gil", 2, timeout=90, port=server.port)):
+        value = result["ok"]
+        assert not value["hung"] and not value["errors"], f"rank {rank}: {value}"
+        assert value["counts"]["all_reduce"] == 5000 and value["counts"]["exchanges"] == 2000, value["counts"]
+        assert value["counts"]["python"] > 0

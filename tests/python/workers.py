@@ -278,3 +278,74 @@ def timed_env_init(rank: int, world_size: int) -> dict:
         return {"seconds": time.monotonic() - start, "error": type(exc).__name__, "message": str(exc)}
     ringtree.destroy_process_group()
     return {"seconds": time.monotonic() - start, "error": None, "message": ""}
+
+
+def threads_share_the_gil(rank: int, world_size: int, port: int) -> dict:
+    """Three Python threads per rank at once: small all_reduces (which keep the GIL until
+    they wait), isend/irecv with futures and a 1 MiB blocking exchange now and then (small
+    posts keep it too; large calls release it at once), and pure Python code. Every thread
+    must finish, with correct data: no call holds the GIL while another rank's progress, or
+    this process's other threads, need it."""
+    import threading
+
+    import torch
+
+    store = ringtree.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=20))
+    ringtree.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=20))
+    peer = 1 - rank
+    errors: list[str] = []
+    counts = {"all_reduce": 0, "exchanges": 0, "python": 0}
+
+    def collectives() -> None:
+        t = torch.ones(4)
+        for _ in range(5000):
+            t.fill_(1.0)
+            ringtree.all_reduce(t)
+            if t[0].item() != 2.0:
+                errors.append(f"all_reduce gave {t[0].item()}")
+                return
+            counts["all_reduce"] += 1
+
+    def point_to_point() -> None:
+        mine, theirs = torch.full((8,), float(rank)), torch.zeros(8)
+        big = torch.full((1 << 18,), float(rank))
+        for i in range(2000):
+            sent = ringtree.isend(mine, peer, tag=9)
+            received = ringtree.irecv(theirs, peer, tag=9)
+            future = received.get_future()
+            sent.wait()
+            received.wait()
+            future.wait()
+            if theirs[0].item() != float(peer):
+                errors.append(f"irecv gave {theirs[0].item()}")
+                return
+            if i % 250 == 0:
+                if rank == 0:
+                    ringtree.send(big, peer, tag=11)
+                else:
+                    ringtree.recv(big, peer, tag=11)
+            counts["exchanges"] += 1
+
+    def python_only() -> None:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            counts["python"] += 1
+
+    def guarded(body):  # noqa: ANN001, ANN202
+        def run() -> None:
+            try:
+                body()
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                errors.append(repr(e))
+        return run
+
+    threads = [threading.Thread(target=guarded(body)) for body in (collectives, point_to_point, python_only)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(40)
+    hung = [name for name, thread in zip(("collectives", "point_to_point", "python"), threads) if thread.is_alive()]
+    if not hung:
+        ringtree.destroy_process_group()
+    return {"errors": errors, "hung": hung, "counts": counts}
