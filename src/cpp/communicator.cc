@@ -202,10 +202,7 @@ void CommunicatorImpl::waitIdle(transport::Pair* const* pairs, size_t count, net
       if (busy.empty()) return;
       if (Clock::now() >= spinEnd) break;
       cpuRelax();
-      if (i >= kPauseIterations) {
-        BeforeWaiting::notify();  // a short spin keeps the caller's lock; a wait does not
-        sched_yield();
-      }
+      if (i >= kPauseIterations) yieldCore();
     }
     BeforeWaiting::notify();
     const int abortFd = abortDescriptor();  // before the flag is read (see abortEvent_)

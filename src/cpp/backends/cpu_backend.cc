@@ -61,7 +61,7 @@ struct Arrays {
 };
 
 // The bytes of the buffers among a call's arguments (options count nothing).
-size_t bufferBytes(const BufferView& buffer) { return buffer.count * elementSize(buffer.type); }
+size_t bufferBytes(const BufferView& buffer) { return buffer.bytes(); }
 size_t bufferBytes(const std::vector<BufferView>& buffers) {
   size_t total = 0;
   for (const BufferView& buffer : buffers) total += bufferBytes(buffer);

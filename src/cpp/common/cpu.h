@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <ringtree/before_waiting.h>
+
 namespace ringtree {
 
 // One spin-wait step: tells the core this thread is busy-waiting (x86 PAUSE, Arm YIELD),
@@ -12,6 +14,14 @@ inline void cpuRelax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+// Where a spin-wait on a caller's thread turns into a wait: runs the caller's hook
+// (BeforeWaiting: the Python bindings release the GIL there, a short spin keeps it), then
+// gives up the core. Every spin-wait of a caller's thread yields through this.
+inline void yieldCore() {
+  BeforeWaiting::notify();
+  sched_yield();
 }
 
 // Asks for the cache line at `address` in a writable state ahead of a store to it (x86

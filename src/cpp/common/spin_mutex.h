@@ -38,10 +38,11 @@ class SpinMutex {
           ++round;
           continue;
         }
-        BeforeWaiting::notify();  // its holder is slow: a wait (the hook runs once at most)
+        // Its holder is slow: a wait (the caller's hook runs at most once).
         if (round < kSpinRounds + kYieldRounds) {
-          sched_yield();
+          yieldCore();
         } else {
+          BeforeWaiting::notify();
           const timespec nap{0, 50 * 1000};
           nanosleep(&nap, nullptr);
         }

@@ -48,10 +48,7 @@ class Backoff {
   // Between two passes that moved nothing.
   void pause() {
     cpuRelax();
-    if (++idlePasses_ > pausesBeforeYield_) {
-      BeforeWaiting::notify();  // a short spin keeps the caller's lock; a wait does not
-      sched_yield();
-    }
+    if (++idlePasses_ > pausesBeforeYield_) yieldCore();
   }
 
  private:

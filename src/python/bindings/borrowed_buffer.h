@@ -34,7 +34,7 @@ class BorrowedBuffer {
   bool writable() const { return writable_; }
   DataType type() const { return view_.type; }
   size_t count() const { return view_.count; }
-  size_t nbytes() const { return view_.count * elementSize(view_.type); }
+  size_t nbytes() const { return view_.bytes(); }
   size_t rows() const { return view_.leadingRows(); }
   const char* dtype() const { return dataTypeName(view_.type); }
 

@@ -114,10 +114,8 @@ std::vector<int64_t> parseSplitSizes(py::handle sizes, const char* name) {
 
 bool onHost(const BufferView& view) { return view.device.type == DeviceType::kCpu; }
 
-size_t bytesOf(const BufferView& view) { return view.count * elementSize(view.type); }
-
 // Whether a call on `view` alone may keep the GIL until it waits (GilUntilWait).
-bool holdsGil(const BufferView& view) { return onHost(view) && bytesOf(view) <= kHoldGilBytes; }
+bool holdsGil(const BufferView& view) { return onHost(view) && view.bytes() <= kHoldGilBytes; }
 
 // The buffers one call borrows: on the stack for a synchronous call, owned by the Work of
 // an asynchronous one (its keep-alive), so that they stay borrowed until it completes.
@@ -167,7 +165,7 @@ class Borrowed {
     }
     const BufferView view = buffer->view();
     onHost_ = onHost_ && ringtree::python::onHost(view);
-    bytes_ += bytesOf(view);
+    bytes_ += view.bytes();
     return view;
   }
 

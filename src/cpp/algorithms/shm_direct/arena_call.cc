@@ -54,10 +54,7 @@ void ArenaCall::waitSlowly(int peer, uint32_t target) {
       // Once every iteration yields, its system call dwarfs the clock read.
       if ((i % kClockIterations == 0 || i > pauseIterations_) && Clock::now() >= spinEnd) break;
       cpuRelax();
-      if (i > pauseIterations_) {
-        BeforeWaiting::notify();  // a short spin keeps the caller's lock; a wait does not
-        sched_yield();
-      }
+      if (i > pauseIterations_) yieldCore();
     }
     BeforeWaiting::notify();
     const uint32_t seen = arena_.peerStep(peer);

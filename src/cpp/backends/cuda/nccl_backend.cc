@@ -172,7 +172,7 @@ class NcclBackend final : public DeviceBackend {
   std::shared_ptr<Work> broadcast(const BufferView& tensor, const BroadcastOptions& options,
                                   const Submission& submission) override {
     Enqueue call(*this, "broadcast", tensor.device, options.timeout);
-    call.nccl("ncclBroadcast", nccl_->broadcast(tensor.data, tensor.data, bytesOf(tensor), kNcclInt8, options.root,
+    call.nccl("ncclBroadcast", nccl_->broadcast(tensor.data, tensor.data, tensor.bytes(), kNcclInt8, options.root,
                                                  comm_, stream_));
     return call.finish(submission);
   }
@@ -185,8 +185,8 @@ class NcclBackend final : public DeviceBackend {
       // The ring reduces every rank's copy; only the root's buffer may change.
       void* work = tensor.data;
       if (rank() != options.root) {
-        work = scratch(call, kStaging, bytesOf(tensor));
-        call.cuda("copying to a staging buffer", gpu_.memcpyAsync(work, tensor.data, bytesOf(tensor), stream_));
+        work = scratch(call, kStaging, tensor.bytes());
+        call.cuda("copying to a staging buffer", gpu_.memcpyAsync(work, tensor.data, tensor.bytes(), stream_));
       }
       ownAllreduce(call, work, tensor.count, tensor.type, options.op, options.premulFactor);
     } else {
@@ -208,7 +208,7 @@ class NcclBackend final : public DeviceBackend {
   std::shared_ptr<Work> allgatherSingle(const BufferView& outputTensor, const BufferView& inputTensor,
                                         const AllgatherOptions& options, const Submission& submission) override {
     Enqueue call(*this, "all_gather_single", inputTensor.device, options.timeout);
-    call.nccl("ncclAllGather", nccl_->allGather(inputTensor.data, outputTensor.data, bytesOf(inputTensor), kNcclInt8,
+    call.nccl("ncclAllGather", nccl_->allGather(inputTensor.data, outputTensor.data, inputTensor.bytes(), kNcclInt8,
                                                  comm_, stream_));
     return call.finish(submission);
   }
@@ -234,7 +234,7 @@ class NcclBackend final : public DeviceBackend {
     Group group(call);
     for (size_t i = 0; i < inputTensors.size(); ++i) {
       call.nccl("ncclAllGather", nccl_->allGather(inputTensors[i].data, outputTensors[i].data,
-                                                   bytesOf(inputTensors[i]), kNcclInt8, comm_, stream_));
+                                                   inputTensors[i].bytes(), kNcclInt8, comm_, stream_));
     }
     group.end();
     return call.finish(submission);
@@ -249,14 +249,14 @@ class NcclBackend final : public DeviceBackend {
         const BufferView& part = gatherList[static_cast<size_t>(r)];
         if (r == rank()) {
           if (part.data != tensor.data) {
-            call.cuda("copying its own part", gpu_.memcpyAsync(part.data, tensor.data, bytesOf(tensor), stream_));
+            call.cuda("copying its own part", gpu_.memcpyAsync(part.data, tensor.data, tensor.bytes(), stream_));
           }
         } else {
-          call.nccl("ncclRecv", nccl_->recv(part.data, bytesOf(part), kNcclInt8, r, comm_, stream_));
+          call.nccl("ncclRecv", nccl_->recv(part.data, part.bytes(), kNcclInt8, r, comm_, stream_));
         }
       }
     } else {
-      call.nccl("ncclSend", nccl_->send(tensor.data, bytesOf(tensor), kNcclInt8, options.root, comm_, stream_));
+      call.nccl("ncclSend", nccl_->send(tensor.data, tensor.bytes(), kNcclInt8, options.root, comm_, stream_));
     }
     group.end();
     return call.finish(submission);
@@ -271,14 +271,14 @@ class NcclBackend final : public DeviceBackend {
         const BufferView& part = scatterList[static_cast<size_t>(r)];
         if (r == rank()) {
           if (part.data != tensor.data) {
-            call.cuda("copying its own part", gpu_.memcpyAsync(tensor.data, part.data, bytesOf(tensor), stream_));
+            call.cuda("copying its own part", gpu_.memcpyAsync(tensor.data, part.data, tensor.bytes(), stream_));
           }
         } else {
-          call.nccl("ncclSend", nccl_->send(part.data, bytesOf(part), kNcclInt8, r, comm_, stream_));
+          call.nccl("ncclSend", nccl_->send(part.data, part.bytes(), kNcclInt8, r, comm_, stream_));
         }
       }
     } else {
-      call.nccl("ncclRecv", nccl_->recv(tensor.data, bytesOf(tensor), kNcclInt8, options.root, comm_, stream_));
+      call.nccl("ncclRecv", nccl_->recv(tensor.data, tensor.bytes(), kNcclInt8, options.root, comm_, stream_));
     }
     group.end();
     return call.finish(submission);
@@ -291,7 +291,7 @@ class NcclBackend final : public DeviceBackend {
     size_t totalBytes = 0;
     bool even = true;
     for (const BufferView& input : inputList) {
-      totalBytes += bytesOf(input);
+      totalBytes += input.bytes();
       even = even && input.count == output.count;
     }
     auto* staging = static_cast<std::byte*>(scratch(call, kStaging, totalBytes));
@@ -300,8 +300,8 @@ class NcclBackend final : public DeviceBackend {
     for (size_t r = 0; r < inputList.size(); ++r) {
       if (static_cast<int>(r) == rank()) mine = offset;
       call.cuda("copying to a staging buffer",
-                gpu_.memcpyAsync(staging + offset, inputList[r].data, bytesOf(inputList[r]), stream_));
-      offset += bytesOf(inputList[r]);
+                gpu_.memcpyAsync(staging + offset, inputList[r].data, inputList[r].bytes(), stream_));
+      offset += inputList[r].bytes();
     }
     if (even) {
       reduceScatterFrom(call, output, staging, options);
@@ -309,7 +309,7 @@ class NcclBackend final : public DeviceBackend {
       // Parts of different sizes: reduce them all, keep this rank's.
       reduceInPlace(call, staging, staging, totalBytes / elementSize(output.type), output.type, options.op,
                     options.premulFactor);
-      call.cuda("copying the result", gpu_.memcpyAsync(output.data, staging + mine, bytesOf(output), stream_));
+      call.cuda("copying the result", gpu_.memcpyAsync(output.data, staging + mine, output.bytes(), stream_));
     }
     return call.finish(submission);
   }
@@ -341,12 +341,12 @@ class NcclBackend final : public DeviceBackend {
       const BufferView& in = inputTensorList[static_cast<size_t>(r)];
       if (r == rank()) {
         if (out.data != in.data) {
-          call.cuda("copying its own part", gpu_.memcpyAsync(out.data, in.data, bytesOf(in), stream_));
+          call.cuda("copying its own part", gpu_.memcpyAsync(out.data, in.data, in.bytes(), stream_));
         }
         continue;
       }
-      call.nccl("ncclSend", nccl_->send(in.data, bytesOf(in), kNcclInt8, r, comm_, stream_));
-      call.nccl("ncclRecv", nccl_->recv(out.data, bytesOf(out), kNcclInt8, r, comm_, stream_));
+      call.nccl("ncclSend", nccl_->send(in.data, in.bytes(), kNcclInt8, r, comm_, stream_));
+      call.nccl("ncclRecv", nccl_->recv(out.data, out.bytes(), kNcclInt8, r, comm_, stream_));
     }
     group.end();
     return call.finish(submission);
@@ -370,28 +370,28 @@ class NcclBackend final : public DeviceBackend {
 
   void send(const BufferView& tensor, int dst, int tag) override {
     Enqueue call(*this, "send", tensor.device);
-    call.nccl("ncclSend", nccl_->send(tensor.data, bytesOf(tensor), kNcclInt8, dst, comm_, stream_));
+    call.nccl("ncclSend", nccl_->send(tensor.data, tensor.bytes(), kNcclInt8, dst, comm_, stream_));
     call.finish({});
   }
 
   int recv(const BufferView& tensor, int src, int tag) override {
     checkSource("recv", src);
     Enqueue call(*this, "recv", tensor.device);
-    call.nccl("ncclRecv", nccl_->recv(tensor.data, bytesOf(tensor), kNcclInt8, src, comm_, stream_));
+    call.nccl("ncclRecv", nccl_->recv(tensor.data, tensor.bytes(), kNcclInt8, src, comm_, stream_));
     call.finish({});
     return src;
   }
 
   std::shared_ptr<Work> isend(const BufferView& tensor, int dst, int tag, std::shared_ptr<void> keepAlive) override {
     Enqueue call(*this, "send", tensor.device);
-    call.nccl("ncclSend", nccl_->send(tensor.data, bytesOf(tensor), kNcclInt8, dst, comm_, stream_));
+    call.nccl("ncclSend", nccl_->send(tensor.data, tensor.bytes(), kNcclInt8, dst, comm_, stream_));
     return call.finish({true, std::move(keepAlive)});
   }
 
   std::shared_ptr<Work> irecv(const BufferView& tensor, int src, int tag, std::shared_ptr<void> keepAlive) override {
     checkSource("irecv", src);
     Enqueue call(*this, "recv", tensor.device);
-    call.nccl("ncclRecv", nccl_->recv(tensor.data, bytesOf(tensor), kNcclInt8, src, comm_, stream_));
+    call.nccl("ncclRecv", nccl_->recv(tensor.data, tensor.bytes(), kNcclInt8, src, comm_, stream_));
     std::shared_ptr<Work> work = call.finish({true, std::move(keepAlive)});
     work->setSourceRank(src);
     return work;
@@ -405,9 +405,9 @@ class NcclBackend final : public DeviceBackend {
     Group group(call);
     for (const PointToPointOp& op : ops) {
       if (op.send) {
-        call.nccl("ncclSend", nccl_->send(op.tensor.data, bytesOf(op.tensor), kNcclInt8, op.peer, comm_, stream_));
+        call.nccl("ncclSend", nccl_->send(op.tensor.data, op.tensor.bytes(), kNcclInt8, op.peer, comm_, stream_));
       } else {
-        call.nccl("ncclRecv", nccl_->recv(op.tensor.data, bytesOf(op.tensor), kNcclInt8, op.peer, comm_, stream_));
+        call.nccl("ncclRecv", nccl_->recv(op.tensor.data, op.tensor.bytes(), kNcclInt8, op.peer, comm_, stream_));
       }
     }
     group.end();
@@ -622,8 +622,6 @@ class NcclBackend final : public DeviceBackend {
     }
   }
 
-  static size_t bytesOf(const BufferView& buffer) { return buffer.count * elementSize(buffer.type); }
-
   // Under the enqueueing lock: a device buffer of at least `bytes` for `slot`. A grown
   // slot's old buffer is kept until release(), since operations still queued may use it
   // (freeing it now would wait for the device, with the lock held); slots at least double,
@@ -715,7 +713,7 @@ class NcclBackend final : public DeviceBackend {
   // output = part rank() of reduce(input's size() parts); input is on the device.
   void reduceScatterFrom(Enqueue& call, const BufferView& output, void* input, const ReduceScatterOptions& options) {
     const ReducePlan plan = planReduction(output.type, options.op, ncclPremulUsable());
-    const size_t partBytes = bytesOf(output);
+    const size_t partBytes = output.bytes();
     if (plan.own) {
       // Reduce all parts in a copy, then keep this rank's part.
       auto* whole = static_cast<std::byte*>(scratch(call, kStaging, partBytes * static_cast<size_t>(size())));
@@ -739,14 +737,14 @@ class NcclBackend final : public DeviceBackend {
   // place where the outputs already are that buffer's parts); parts of different sizes as
   // one broadcast from each rank, in one NCCL group.
   void gatherAllInto(Enqueue& call, const std::vector<BufferView>& outputs, const BufferView& input) {
-    const size_t partBytes = bytesOf(input);
+    const size_t partBytes = input.bytes();
     bool even = true;
     for (const BufferView& output : outputs) even = even && output.count == input.count;
     if (!even) {
       Group group(call);
       for (size_t r = 0; r < outputs.size(); ++r) {
         const void* send = static_cast<int>(r) == rank() ? input.data : outputs[r].data;
-        call.nccl("ncclBroadcast", nccl_->broadcast(send, outputs[r].data, bytesOf(outputs[r]), kNcclInt8,
+        call.nccl("ncclBroadcast", nccl_->broadcast(send, outputs[r].data, outputs[r].bytes(), kNcclInt8,
                                                      static_cast<int>(r), comm_, stream_));
       }
       group.end();

@@ -277,7 +277,7 @@ class StagedBackend final : public DeviceBackend {
                               " (one device per group and rank)");
       }
       HostCopy copy;
-      copy.bytes.resize(device.count * elementSize(device.type));
+      copy.bytes.resize(device.bytes());
       copy.view = BufferView(copy.bytes.data(), device.count, device.type, Device{}, device.rows);
       copy.device = device;
       return copy;

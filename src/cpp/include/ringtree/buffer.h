@@ -75,6 +75,8 @@ struct BufferView {
 
   // The leading dimension: `rows`, or `count` for a flat buffer.
   size_t leadingRows() const { return rows == 0 ? count : rows; }
+  // Its size in bytes (count elements of `type`).
+  size_t bytes() const { return count * elementSize(type); }
 };
 
 }  // namespace ringtree
