@@ -27,14 +27,14 @@ namespace ringtree::python {
 
 namespace {
 
-enum Method : size_t {
-  kAllreduce, kBroadcast, kReduce, kAllgatherSingle, kReduceScatterSingle, kAlltoallSingle, kBarrier,
-  kSend, kRecv, kIsend, kIrecv, kNumMethods
-};
+using Method = EngineMethod;
 
 constexpr std::array<const char*, kNumMethods> kNames = {
     "allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single", "barrier",
     "send", "recv", "isend", "irecv"};
+
+// The bound ProcessGroup class whose methods these replaced.
+PyTypeObject* boundType = nullptr;
 
 // The pybind11 methods replaced, one reference each for the module's life.
 std::array<PyObject*, kNumMethods> pybindMethods{};
@@ -228,6 +228,15 @@ void installEngineCalls(py::handle type) {
   for (size_t method = 0; method < kNumMethods; ++method) {
     pybindMethods[method] = replaceWithFastMethod(type, kNames[method], kFunctions[method]);
   }
+  boundType = reinterpret_cast<PyTypeObject*>(type.ptr());
+}
+
+PyTypeObject* engineType() { return boundType; }
+
+const char* engineMethodName(EngineMethod method) { return kNames[method]; }
+
+PyObject* callEngineMethod(EngineMethod method, PyObject* engine, PyObject* const* args, Py_ssize_t nargs) {
+  return kFunctions[method](engine, args, nargs, nullptr);
 }
 
 }  // namespace ringtree::python

@@ -6,6 +6,7 @@
 #include "diagnostics.h"
 #include "errors.h"
 #include "foreign_store.h"
+#include "front_calls.h"
 #include "mpi_support.h"
 #include "process_group.h"
 #include "store.h"
@@ -19,6 +20,7 @@ PYBIND11_MODULE(_C, m) {
   ringtree::python::initForeignStore(m);
   ringtree::python::initWork(m);
   ringtree::python::initProcessGroup(m);
+  ringtree::python::initFrontCalls(m);
   ringtree::python::initDiagnostics(m);
   ringtree::python::initMpiSupport(m);
   ringtree::python::initCuda(m);

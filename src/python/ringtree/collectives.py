@@ -25,7 +25,7 @@ from ._C import Work
 from ._reduce_op import ReduceOp
 from ._resolve import default_group, member_group, resolve_rank
 from ._world import world
-from .process_group import ProcessGroup
+from .process_group import ProcessGroup, native_front
 
 __all__ = [
     "Work",
@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 
+@native_front
 def all_reduce(
     tensor: Any,
     op: Any = ReduceOp.SUM,
@@ -79,6 +80,7 @@ def all_reduce(
     return pg.engine.allreduce(tensor, op, async_op, algorithm)
 
 
+@native_front
 def broadcast(
     tensor: Any,
     src: int | None = None,
@@ -125,6 +127,7 @@ def broadcast(
     return pg.engine.broadcast(tensor, root, async_op, algorithm)
 
 
+@native_front
 def reduce(
     tensor: Any,
     dst: int | None = None,
@@ -171,6 +174,7 @@ def reduce(
     return pg.engine.reduce(tensor, root, op, async_op, algorithm)
 
 
+@native_front
 def barrier(
     group: ProcessGroup | None = None,
     async_op: bool = False,

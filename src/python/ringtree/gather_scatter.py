@@ -18,7 +18,7 @@ from ._C import Work
 from ._reduce_op import ReduceOp
 from ._resolve import default_group, member_group, resolve_root
 from ._world import world
-from .process_group import ProcessGroup
+from .process_group import ProcessGroup, native_front
 
 __all__ = [
     "all_gather",
@@ -71,6 +71,7 @@ def all_gather(
     return pg.engine.allgather(tensor_list, tensor, async_op, algorithm)
 
 
+@native_front
 def all_gather_single(
     output_tensor: Any,
     input_tensor: Any,
@@ -237,6 +238,7 @@ def reduce_scatter(
     return pg.engine.reduce_scatter(output, input_list, op, async_op, algorithm)
 
 
+@native_front
 def reduce_scatter_single(
     output: Any,
     input: Any,  # noqa: A002 (torch's name)
@@ -336,6 +338,7 @@ def all_to_all(
     return pg.engine.alltoall(output_tensor_list, input_tensor_list, async_op, algorithm)
 
 
+@native_front
 def all_to_all_single(
     output: Any,
     input: Any,  # noqa: A002 (torch's name)

@@ -34,7 +34,7 @@ from typing import Any
 from ._C import Work
 from ._resolve import destination, member_group, p2p_op_group, resolve_rank, source
 from ._world import world
-from .process_group import ProcessGroup
+from .process_group import ProcessGroup, native_front
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
@@ -43,6 +43,7 @@ __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 # and the default group's ranks are the global ranks.
 
 
+@native_front
 def isend(
     tensor: Any,
     dst: int | None = None,
@@ -78,6 +79,7 @@ def isend(
     return pg.p2p.isend(tensor, resolve_rank(pg, dst, group_dst, "dst"), tag)
 
 
+@native_front
 def irecv(
     tensor: Any,
     src: int | None = None,
@@ -113,6 +115,7 @@ def irecv(
     return pg.p2p.irecv(tensor, source(pg, src, group_src), tag)
 
 
+@native_front
 def send(
     tensor: Any,
     dst: int | None = None,
@@ -144,6 +147,7 @@ def send(
     pg.p2p.send(tensor, destination(pg, dst, group_dst), tag)
 
 
+@native_front
 def recv(
     tensor: Any,
     src: int | None = None,
