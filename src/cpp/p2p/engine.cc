@@ -43,6 +43,7 @@ PointToPointEngine::PointToPointEngine(std::shared_ptr<Communicator> communicato
       size_(communicator_->size()),
       timeout_(communicator_->timeout()),
       pausesBeforeYield_(pausesBeforeYield(size_)),
+      spinTime_(pausesBeforeYield_ == 0 ? kOversubscribedSpinTime : kSpinTime),
       peers_(static_cast<size_t>(size_)),  // built in place: a Peer is not copyable
       engineAlive_(std::make_shared<std::atomic<bool>>(true)) {
   for (int peer = 0; peer < size_; ++peer) {
@@ -222,7 +223,7 @@ void PointToPointEngine::send(const void* data, size_t count, DataType type, int
     completeBlocking(lock, claim, call, &done);
   }
   finishAll(&done);
-  call.waiter.wait(kSpinTime, pausesBeforeYield_);
+  call.waiter.wait(spinTime_, pausesBeforeYield_);
   call.waiter.outcome();
 }
 
@@ -241,7 +242,7 @@ int PointToPointEngine::recv(void* data, size_t count, DataType type, int peer, 
     completeBlocking(lock, claim, call, &done);
   }
   finishAll(&done);
-  call.waiter.wait(kSpinTime, pausesBeforeYield_);
+  call.waiter.wait(spinTime_, pausesBeforeYield_);
   return call.waiter.outcome();
 }
 
@@ -296,7 +297,7 @@ void PointToPointEngine::driveWork(WorkProgress& progress, int peer, net::Deadli
     }
     // The progress thread may sleep on the peers in poll(): wake it, and claim them once it
     // let go of them; give up after a spin (it is then busy with them: leave them to it).
-    Backoff backoff(kSpinTime, pausesBeforeYield_);
+    Backoff backoff(spinTime_, pausesBeforeYield_);
     for (;;) {
       if (progress.completed || progress.driver != nullptr || shutDown_) return;
       bool claimedElsewhere = false;
@@ -330,7 +331,7 @@ void PointToPointEngine::completeBlocking(std::unique_lock<std::mutex>& lock, in
   }
   setClaimer(claim, &call);
   bool claimed = true;
-  Backoff backoff(kSpinTime, pausesBeforeYield_);
+  Backoff backoff(spinTime_, pausesBeforeYield_);
   for (unsigned pass = 1;; ++pass) {
     bool moved = progressClaimed(claim, done, pass % kDeadlinePasses == 0);
     if (moved) {
@@ -599,7 +600,7 @@ void PointToPointEngine::drainWakeFd() {
 }
 
 void PointToPointEngine::run(const std::shared_ptr<std::atomic<bool>>& engineAlive) {
-  Backoff backoff(kSpinTime, pausesBeforeYield_);
+  Backoff backoff(spinTime_, pausesBeforeYield_);
   Completions done;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
