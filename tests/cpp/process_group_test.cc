@@ -588,6 +588,66 @@ TEST(OperationQueue, DeferredStartsAreLeftToAWaiterThenTakenByTheWorker) {
   EXPECT_TRUE(last->isSuccess());
 }
 
+// Synchronous calls from several threads, submissions and their waits mixed in: one
+// operation at a time, every one runs once, and shutdown() returns only once none runs
+// (calls that come later are refused). The inline path takes no lock, so this checks its
+// compare-and-swaps against the queued path (and ThreadSanitizer runs it).
+TEST(OperationQueue, InlineCallsSubmissionsAndShutdownRunOneAtATime) {
+  const auto queue = detail::OperationQueue::create();
+  std::atomic<int> running{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> ran{0};
+  auto operation = [&] {
+    if (running.fetch_add(1) != 0) ++overlaps;
+    ++ran;
+    running.fetch_sub(1);
+  };
+  queue->runSync("alone", operation);  // nothing queued or running: on this thread
+  EXPECT_EQ(queue->inlineCallCount(), 1u);
+  constexpr int kThreads = 3;
+  constexpr int kCalls = 3000;
+  std::atomic<int> refused{0};
+  std::atomic<int> syncDone{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < kCalls && !stop.load(); ++i) {
+        try {
+          queue->runSync("sync", operation);
+          ++syncDone;
+        } catch (const Error&) {
+          ++refused;
+          return;
+        }
+      }
+    });
+  }
+  int submitted = 0;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 300; ++i) {
+    works.push_back(queue->submit("async", operation, nullptr,
+                                  i % 2 == 0 ? detail::OperationQueue::Start::kDeferred
+                                             : detail::OperationQueue::Start::kAtOnce));
+    ++submitted;
+    if (i % 3 == 0) {
+      EXPECT_TRUE(works.back()->wait());
+    }
+  }
+  for (const auto& work : works) EXPECT_TRUE(work->wait());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (syncDone.load() < 100 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  stop = true;
+  queue->shutdown();
+  EXPECT_EQ(running.load(), 0) << "shutdown() returned while an operation ran";
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(overlaps.load(), 0) << "two operations ran at once";
+  EXPECT_EQ(ran.load(), 1 + submitted + syncDone.load()) << "an operation ran twice or not at all";
+  EXPECT_LE(queue->inlineCallCount(), 1u + static_cast<uint64_t>(syncDone.load()));
+  EXPECT_EQ(messageOf<Error>([&] { queue->runSync("late", operation); }),
+            "late on a ProcessGroup that has been shut down");
+}
+
 // A Work callback on the worker may make a synchronous call on the same queue (queued
 // behind another operation: the wait runs the queue), and abort fails what is queued.
 TEST(OperationQueue, CallbacksMayCallInAndAbortFailsQueuedOperations) {

@@ -21,25 +21,44 @@ void OperationQueue::throwRefused(const char* opName) const {
 }
 
 void OperationQueue::runErased(const char* opName, void (*invoke)(void*), void* operation) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (shutdown_) throwRefused(opName);
-  if (!busy_ && queue_.empty()) {
-    busy_ = true;
-    lock.unlock();
-    inlineCalls_.fetch_add(1, std::memory_order_relaxed);
-    struct Release {
-      OperationQueue& queue;
-      ~Release() { queue.becomeIdle(); }
-    } release{*this};
-    invoke(operation);
-    return;
+  uint32_t idle = 0;
+  if (!state_.compare_exchange_strong(idle, kBusy, std::memory_order_acquire, std::memory_order_relaxed)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (shutdown_) throwRefused(opName);
+    // An inline call that was ending may have left the queue idle since.
+    idle = 0;
+    if (!state_.compare_exchange_strong(idle, kBusy, std::memory_order_acquire, std::memory_order_relaxed)) {
+      auto work = newWork(opName, nullptr);
+      queue_.push_back(Task{[invoke, operation] { invoke(operation); }, work, Start::kAtOnce});
+      queueChanged();
+      startWorkerLocked();
+      lock.unlock();
+      stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
+      work->wait();
+      return;
+    }
   }
-  auto work = newWork(opName, nullptr);
-  queue_.push_back(Task{[invoke, operation] { invoke(operation); }, work, Start::kAtOnce});
-  startWorkerLocked();
-  lock.unlock();
-  stateCv_.notify_all();  // after unlocking: the worker need not wake into a held mutex
-  work->wait();
+  // kBusy orders the inline calls one after the other: a plain increment is enough.
+  inlineCalls_.store(inlineCalls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  struct Release {
+    OperationQueue& queue;
+    ~Release() { queue.endInline(); }
+  } release{*this};
+  invoke(operation);
+}
+
+void OperationQueue::endInline() {
+  uint32_t busy = kBusy;
+  if (state_.compare_exchange_strong(busy, 0, std::memory_order_release, std::memory_order_relaxed)) return;
+  becomeIdle();
+}
+
+void OperationQueue::queueChanged() {
+  if (queue_.empty()) {
+    state_.fetch_and(~kQueued, std::memory_order_acq_rel);
+  } else {
+    state_.fetch_or(kQueued, std::memory_order_acq_rel);
+  }
 }
 
 std::shared_ptr<Work> OperationQueue::submit(const char* opName, std::function<void()> operation,
@@ -50,6 +69,7 @@ std::shared_ptr<Work> OperationQueue::submit(const char* opName, std::function<v
     std::lock_guard<std::mutex> lock(mutex_);
     if (shutdown_) throwRefused(opName);
     queue_.push_back(Task{std::move(operation), work, start});
+    queueChanged();
     startWorkerLocked();
     wake = start == Start::kAtOnce || !workerTimed_;
   }
@@ -71,7 +91,7 @@ void OperationQueue::becomeIdle() {
   bool wanted = false;
   {
     std::lock_guard<std::mutex> guard(mutex_);
-    busy_ = false;
+    state_.fetch_and(~kBusy, std::memory_order_acq_rel);
     // Only the worker (for a queued operation, unless every one is left to a waiter while
     // the worker wakes by itself) and shutdown()/abort() (which set shutdown_ before they
     // wait) wait for this: a call that ran alone wakes nobody.
@@ -105,7 +125,7 @@ std::shared_ptr<Work> OperationQueue::newWork(const char* opName, std::shared_pt
 void OperationQueue::workerLoop() {
   using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto ready = [this] { return (!queue_.empty() && !busy_) || (shutdown_ && queue_.empty()); };
+  const auto ready = [this] { return (!queue_.empty() && !busy()) || (shutdown_ && queue_.empty()); };
   Clock::time_point lingerUntil = Clock::now() + kIdleLinger;
   for (;;) {
     // Recently active: timed sleeps, which deferred submissions need not interrupt.
@@ -126,7 +146,8 @@ void OperationQueue::workerLoop() {
 void OperationQueue::runFront(std::unique_lock<std::mutex>& lock) {
   Task task = std::move(queue_.front());
   queue_.pop_front();
-  busy_ = true;
+  state_.fetch_or(kBusy, std::memory_order_acq_rel);  // before kQueued may clear (see state_)
+  queueChanged();
   lock.unlock();
   std::exception_ptr error;
   try {
@@ -149,7 +170,7 @@ void OperationQueue::runQueuedUpTo(const Work* target) {
     const auto queued = std::find_if(queue_.begin(), queue_.end(),
                                      [target](const Task& task) { return task.work.get() == target; });
     if (queued == queue_.end()) return;  // taken by another thread, or dropped by abort()
-    if (busy_) {
+    if (busy()) {
       // Another thread runs one; the caller sleeps until target's is done, so the worker
       // must take it as soon as the queue is free.
       queued->start = Start::kAtOnce;
@@ -164,6 +185,7 @@ void OperationQueue::runQueuedUpTo(const Work* target) {
 void OperationQueue::shutdown() {
   std::unique_lock<std::mutex> lock(mutex_);
   shutdown_ = true;
+  state_.fetch_or(kClosed, std::memory_order_acq_rel);
   stateCv_.notify_all();
   std::thread worker = std::move(worker_);
   if (worker.joinable() && worker.get_id() == std::this_thread::get_id()) {
@@ -171,7 +193,7 @@ void OperationQueue::shutdown() {
     // queued here and ends once the callback returns (workerLoop sees the queue drained).
     worker.detach();
     for (;;) {
-      stateCv_.wait(lock, [this] { return !busy_; });  // an inline call on another thread runs first
+      stateCv_.wait(lock, [this] { return !busy(); });  // an inline call on another thread runs first
       if (queue_.empty()) break;
       runFront(lock);
     }
@@ -181,7 +203,7 @@ void OperationQueue::shutdown() {
     worker.join();
     lock.lock();
   }
-  stateCv_.wait(lock, [this] { return !busy_ && queue_.empty(); });
+  stateCv_.wait(lock, [this] { return !busy() && queue_.empty(); });
 }
 
 void OperationQueue::abort(int rank, const std::function<void()>& interrupt) {
@@ -191,7 +213,9 @@ void OperationQueue::abort(int rank, const std::function<void()>& interrupt) {
     std::lock_guard<std::mutex> lock(mutex_);
     shutdown_ = true;
     aborted_ = true;
+    state_.fetch_or(kClosed, std::memory_order_acq_rel);
     dropped.swap(queue_);
+    queueChanged();
     worker = std::move(worker_);
   }
   stateCv_.notify_all();
@@ -209,7 +233,7 @@ void OperationQueue::abort(int rank, const std::function<void()>& interrupt) {
     }
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  stateCv_.wait(lock, [this] { return !busy_; });
+  stateCv_.wait(lock, [this] { return !busy(); });
 }
 
 bool OperationQueue::isShutdown() const {

@@ -19,8 +19,8 @@ namespace ringtree::detail {
 // collective at a time), the contract of ProcessGroup's sync and async forms.
 //
 //  - runSync: runs the operation on the calling thread when nothing is queued or running
-//    (no hand-off, no allocation), else queues it and blocks until it ran; rethrows what
-//    it threw.
+//    (no hand-off, no allocation, no lock: a compare-and-swap of the state word in and
+//    one out), else queues it and blocks until it ran; rethrows what it threw.
 //  - submit: queues the operation for the worker thread (started on first use) and
 //    returns its Work at once. The Work's unbounded wait() runs the queued operations up
 //    to its own on the waiting thread when no other thread runs one (sparing the worker's
@@ -99,8 +99,16 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   // Marks target's queued operation kAtOnce (its Work is waited for or has a callback, so
   // the worker must run it as soon as the queue is free) and wakes the worker.
   void leaveToWorker(const Work* target);
-  // Marks the running operation done (busy_ false) and wakes whoever waits for that.
+  // Marks the running operation done (kBusy cleared) and wakes whoever waits for that;
+  // takes mutex_.
   void becomeIdle();
+  // The end of an inline runSync: clears kBusy by compare-and-swap when nothing was queued
+  // and the queue was not closed meanwhile (nobody waits then), else becomeIdle().
+  void endInline();
+  // Whether an operation runs (mutex_ held: see state_).
+  bool busy() const { return (state_.load(std::memory_order_acquire) & kBusy) != 0; }
+  // Mirrors queue_'s emptiness into kQueued; mutex_ held, after every change of queue_.
+  void queueChanged();
   // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
   // return, released while the task runs and while its Work finishes).
   void runFront(std::unique_lock<std::mutex>& lock);
@@ -113,7 +121,19 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   // Signalled when a task is queued, when an operation finishes and at shutdown.
   std::condition_variable stateCv_;
   std::deque<Task> queue_;
-  bool busy_ = false;  // an operation is running (on the worker, inline or in a driver)
+  // The state the inline path of runSync reads and changes without mutex_: kBusy (an
+  // operation runs: on the worker, inline or in a driver), kQueued (queue_ is not empty),
+  // kClosed (shutdown_). kQueued and kClosed change under mutex_ only. kBusy is set by a
+  // compare-and-swap from 0 (an inline call: nothing queued, running or closed) or under
+  // mutex_ while kQueued is set (so no inline call races it), and cleared by a
+  // compare-and-swap from kBusy alone (an inline call's end: nothing queued and not
+  // closed, so nobody waits for it) or under mutex_. So whoever waits under mutex_ for
+  // kBusy to clear (the worker, shutdown, abort) has set kQueued or kClosed first, and the
+  // clearing takes mutex_ and notifies.
+  static constexpr uint32_t kBusy = 1;
+  static constexpr uint32_t kQueued = 2;
+  static constexpr uint32_t kClosed = 4;
+  std::atomic<uint32_t> state_{0};
   bool shutdown_ = false;
   bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
   bool workerTimed_ = false;  // the idle worker wakes by itself within kHandOffDelay
