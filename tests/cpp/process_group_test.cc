@@ -597,9 +597,11 @@ TEST(OperationQueue, InlineCallsSubmissionsAndShutdownRunOneAtATime) {
   std::atomic<int> running{0};
   std::atomic<int> overlaps{0};
   std::atomic<int> ran{0};
+  int plainRan = 0;  // plain memory: ThreadSanitizer sees whether the queue orders the operations
   auto operation = [&] {
     if (running.fetch_add(1) != 0) ++overlaps;
     ++ran;
+    ++plainRan;
     running.fetch_sub(1);
   };
   queue->runSync("alone", operation);  // nothing queued or running: on this thread
@@ -643,8 +645,62 @@ TEST(OperationQueue, InlineCallsSubmissionsAndShutdownRunOneAtATime) {
   for (std::thread& caller : callers) caller.join();
   EXPECT_EQ(overlaps.load(), 0) << "two operations ran at once";
   EXPECT_EQ(ran.load(), 1 + submitted + syncDone.load()) << "an operation ran twice or not at all";
+  EXPECT_EQ(plainRan, ran.load());
   EXPECT_LE(queue->inlineCallCount(), 1u + static_cast<uint64_t>(syncDone.load()));
   EXPECT_EQ(messageOf<Error>([&] { queue->runSync("late", operation); }),
+            "late on a ProcessGroup that has been shut down");
+}
+
+// An inline call that is still running when something is queued, or when the queue is
+// shut down, ends through the mutex and wakes the waiters: a worker asleep without a
+// timeout (idle past kIdleLinger) takes the queued operation, and shutdown() returns once
+// the inline call ended, not before.
+TEST(OperationQueue, AnInlineCallEndingWakesTheWorkerAndShutdown) {
+  using Clock = std::chrono::steady_clock;
+  const auto queue = detail::OperationQueue::create();
+  EXPECT_TRUE(queue->submit("worker", [] {}, nullptr)->wait(std::chrono::milliseconds(20000)));
+  std::this_thread::sleep_for(detail::OperationQueue::kIdleLinger * 3);  // the worker sleeps untimed now
+  int plain = 0;
+  std::atomic<bool> inside{false};
+  std::atomic<bool> release{false};
+  auto blockingInline = [&] {
+    auto operation = [&] {
+      inside = true;
+      while (!release.load()) std::this_thread::yield();
+      ++plain;
+    };
+    queue->runSync("inline", operation);
+  };
+  std::thread first(blockingInline);
+  while (!inside.load()) std::this_thread::yield();
+  const auto queued = queue->submit("queued", [&] { ++plain; }, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(queued->isCompleted()) << "ran while the inline call ran";
+  release = true;
+  first.join();
+  // Nobody waits for it here: the worker must have been woken by the inline call's end.
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (!queued->isCompleted() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(queued->isCompleted()) << "the worker was not woken when the inline call ended";
+  EXPECT_EQ(plain, 2);
+
+  inside = false;
+  release = false;
+  std::thread second(blockingInline);
+  while (!inside.load()) std::this_thread::yield();
+  std::atomic<bool> shutDown{false};
+  std::thread closer([&] {
+    queue->shutdown();
+    shutDown = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(shutDown.load()) << "shutdown() returned while an inline call ran";
+  release = true;
+  second.join();
+  closer.join();
+  EXPECT_TRUE(shutDown.load());
+  EXPECT_EQ(plain, 3);
+  EXPECT_EQ(messageOf<Error>([&] { queue->runSync("late", blockingInline); }),
             "late on a ProcessGroup that has been shut down");
 }
 

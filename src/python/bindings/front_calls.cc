@@ -18,15 +18,20 @@ namespace py = pybind11;
 // default group, a rank its map knows; it reads the group's fields at their __slots__
 // offsets and calls the engine's vectorcall method directly (engine_calls.h). Every other
 // call (another group, a group rank, an unknown keyword, no default group, a rank the map
-// does not know, a map lookup that raises) goes to the Python function with the same
-// arguments. The Python function's common branch does exactly what this one does, so the
-// behaviour, errors included, is the same either way; this one spares the interpreter's
-// frame and the attribute and method lookups (~0.1 us of a 0.4 us one-rank call).
+// does not know) goes to the Python function with the same arguments. The Python
+// function's common branch does exactly what this one does (the same rank lookup, whose
+// exception, if any, is raised from here; the function's defaults as they are at the
+// call), so the behaviour, errors included, is the same either way; this one spares the
+// interpreter's frame and the attribute and method lookups (~0.1 us of a 0.4 us one-rank
+// call). What it does not see: a patched ProcessGroup.engine/p2p, patched methods of the
+// native engine or a replaced `world` in the Python modules (the C entry reads the slots
+// and calls the methods' C functions), and tracebacks and profilers show no Python frame.
 //
 // The wrapper shows the function's __doc__, __name__, __qualname__, __module__,
 // __annotations__, __defaults__ and __kwdefaults__, gives it as __wrapped__ (so
-// inspect.signature reports the Python signature), and pickles by reference as the
-// function does.
+// inspect.signature reports the Python signature), binds as a function does when looked
+// up on an instance (so inspect and pydoc take it for a routine), takes weak references
+// and pickles by reference as the function does.
 namespace ringtree::python {
 
 namespace {
@@ -78,8 +83,9 @@ const std::array<Kind, 11> kKinds = {{
 }};
 
 // Attributes a FrontCall reads from its function.
-constexpr std::array<const char*, 7> kForwardedAttributes = {
-    "__doc__", "__name__", "__qualname__", "__module__", "__annotations__", "__defaults__", "__kwdefaults__"};
+// (__doc__ is a getset of the type instead: pydoc reads it past tp_getattro.)
+constexpr std::array<const char*, 6> kForwardedAttributes = {
+    "__name__", "__qualname__", "__module__", "__annotations__", "__defaults__", "__kwdefaults__"};
 
 struct PyFrontCall {
   PyObject_HEAD
@@ -88,12 +94,12 @@ struct PyFrontCall {
   PyObject* world;        // the object whose default_pg slot holds the default group
   PyObject* groupType;    // the Python ProcessGroup class
   PyObject* methodName;   // the engine method's name, for engines other than the native one
+  PyObject* weakrefs;     // the weak references to the FrontCall
   const Kind* kind;
   // The function's parameters: the positional-or-keyword ones, then the keyword-only ones.
   Py_ssize_t positionalCount;
   Py_ssize_t paramCount;
-  std::array<PyObject*, kMaxParams> names;     // interned
-  std::array<PyObject*, kMaxParams> defaults;  // nullptr where required
+  std::array<PyObject*, kMaxParams> names;  // interned
   // Indexes into the parameters of the Kind's names (-1 ends a list, rankIndex -1: none).
   std::array<Py_ssize_t, 3> mustBeNone;
   Py_ssize_t rankIndex;
@@ -153,8 +159,8 @@ Py_ssize_t parameterIndex(const PyFrontCall& self, const char* name) {
   return -1;
 }
 
-// Binds a call's arguments to the parameters as the function would (borrowed references);
-// false for a call it would refuse or that needs its defaults' absence noticed (too many
+// Binds a call's arguments to the parameters as the function would, its defaults read
+// from it now (borrowed references); false for a call it would refuse (too many
 // positional arguments, an unknown or repeated keyword, a required parameter missing).
 bool bindArguments(const PyFrontCall& self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                    PyObject** bound) {
@@ -168,10 +174,22 @@ bool bindArguments(const PyFrontCall& self, PyObject* const* args, Py_ssize_t na
       bound[index] = args[nargs + k];
     }
   }
+  PyObject* positionalDefaults = PyFunction_GET_DEFAULTS(self.function);
+  const Py_ssize_t defaultCount = positionalDefaults == nullptr ? 0 : PyTuple_GET_SIZE(positionalDefaults);
+  PyObject* keywordDefaults = PyFunction_GET_KW_DEFAULTS(self.function);
   for (Py_ssize_t index = 0; index < self.paramCount; ++index) {
-    if (bound[index] == nullptr) {
-      bound[index] = self.defaults[static_cast<size_t>(index)];
-      if (bound[index] == nullptr) return false;
+    if (bound[index] != nullptr) continue;
+    if (index < self.positionalCount) {
+      const Py_ssize_t fromEnd = self.positionalCount - index;
+      if (fromEnd > defaultCount) return false;
+      bound[index] = PyTuple_GET_ITEM(positionalDefaults, defaultCount - fromEnd);
+    } else {
+      if (keywordDefaults == nullptr) return false;
+      bound[index] = PyDict_GetItemWithError(keywordDefaults, self.names[static_cast<size_t>(index)]);
+      if (bound[index] == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
     }
   }
   return true;
@@ -180,22 +198,21 @@ bool bindArguments(const PyFrontCall& self, PyObject* const* args, Py_ssize_t na
 // The definition of dict.get (set by initFrontCalls): a rank map is a dict's get.
 const PyMethodDef* dictGet = nullptr;
 
-// The image of `rank` in the group's rank map, a bound dict.get (new reference); nullptr,
-// with no exception set, for a rank the map does not know, a lookup that raised (the
-// Python way raises it again) or a map of another kind.
+// The image of `rank` in the group's rank map, a bound dict.get, as map(rank) gives it:
+// a new reference, Py_None for a rank the map does not know, nullptr with the exception
+// the lookup raised (a rank's __hash__ or __eq__: the Python way raises it too, from the
+// same lookup). nullptr without an exception for a map of another kind. The map is held
+// while the lookup runs Python code that may rebind it.
 PyObject* mappedRank(PyObject* map, PyObject* rank) {
   if (map == nullptr || !PyCFunction_Check(map) || reinterpret_cast<PyCFunctionObject*>(map)->m_ml != dictGet) {
     return nullptr;
   }
   PyObject* dict = PyCFunction_GET_SELF(map);
   if (dict == nullptr || !PyDict_CheckExact(dict)) return nullptr;
+  const py::object held = py::reinterpret_borrow<py::object>(map);
   PyObject* image = PyDict_GetItemWithError(dict, rank);
-  if (image == nullptr || image == Py_None) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  Py_INCREF(image);
-  return image;
+  if (image == nullptr) return PyErr_Occurred() != nullptr ? nullptr : newReference(Py_None);
+  return newReference(image);
 }
 
 // Runs the common branch into *result (which may be nullptr with an exception set: the
@@ -216,7 +233,12 @@ bool runCommonCall(PyFrontCall& self, PyObject* const* args, Py_ssize_t nargs, P
   if (self.rankIndex >= 0) {
     rank = py::reinterpret_steal<py::object>(
         mappedRank(slotValue(group, self.rankMapOffset), bound[static_cast<size_t>(self.rankIndex)]));
-    if (!rank) return false;
+    if (!rank) {
+      if (PyErr_Occurred() == nullptr) return false;
+      *result = nullptr;  // the lookup's exception, as the Python way raises it
+      return true;
+    }
+    if (rank.is_none()) return false;  // a rank the group's map does not know: the Python way refuses it
   }
   PyObject* engine = slotValue(group, self.engineOffset);
   if (engine == nullptr) return false;
@@ -243,8 +265,15 @@ bool runCommonCall(PyFrontCall& self, PyObject* const* args, Py_ssize_t nargs, P
   return true;
 }
 
+// The function a FrontCall wraps; nullptr with RuntimeError once the collector cleared it.
+PyObject* wrappedFunction(PyFrontCall& self) {
+  if (self.function == nullptr) PyErr_SetString(PyExc_RuntimeError, "FrontCall: cleared by the garbage collector");
+  return self.function;
+}
+
 PyObject* vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   PyFrontCall& self = asFrontCall(callable);
+  if (wrappedFunction(self) == nullptr) return nullptr;
   PyObject* result = nullptr;
   if (runCommonCall(self, args, PyVectorcall_NARGS(nargsf), kwnames, &result)) return result;
   if (PyErr_Occurred()) return nullptr;
@@ -274,23 +303,11 @@ bool describe(PyFrontCall& self, PyObject* function, PyObject* world, PyObject* 
     self.paramCount = self.positionalCount + code.attr("co_kwonlyargcount").cast<Py_ssize_t>();
     if (self.paramCount > kMaxParams) throw py::value_error("FrontCall: too many parameters");
     py::tuple varnames = code.attr("co_varnames");
-    py::object positionalDefaults = fn.attr("__defaults__");
-    py::object keywordDefaults = fn.attr("__kwdefaults__");
-    const Py_ssize_t defaultCount = positionalDefaults.is_none() ? 0 : py::len(positionalDefaults);
     for (Py_ssize_t index = 0; index < self.paramCount; ++index) {
       PyObject* parameter = varnames[static_cast<size_t>(index)].ptr();
       Py_INCREF(parameter);
       PyUnicode_InternInPlace(&parameter);
       self.names[static_cast<size_t>(index)] = parameter;
-      PyObject* value = nullptr;
-      if (index < self.positionalCount) {
-        const Py_ssize_t fromEnd = self.positionalCount - index;
-        if (fromEnd <= defaultCount) value = PyTuple_GET_ITEM(positionalDefaults.ptr(), defaultCount - fromEnd);
-      } else if (!keywordDefaults.is_none()) {
-        value = PyDict_GetItemWithError(keywordDefaults.ptr(), parameter);
-        if (value == nullptr && PyErr_Occurred()) throw py::error_already_set();
-      }
-      self.defaults[static_cast<size_t>(index)] = value == nullptr ? nullptr : newReference(value);
     }
     const auto required = [&self](const char* parameter) {
       const Py_ssize_t index = parameterIndex(self, parameter);
@@ -341,7 +358,6 @@ int clear(PyObject* object) {
   Py_CLEAR(self.groupType);
   Py_CLEAR(self.methodName);
   for (auto& name : self.names) Py_CLEAR(name);
-  for (auto& value : self.defaults) Py_CLEAR(value);
   return 0;
 }
 
@@ -351,13 +367,13 @@ int traverse(PyObject* object, visitproc visit, void* arg) {
   Py_VISIT(self.function);
   Py_VISIT(self.world);
   Py_VISIT(self.groupType);
-  for (PyObject* value : self.defaults) Py_VISIT(value);
   return 0;
 }
 
 void dealloc(PyObject* object) {
   PyTypeObject* type = Py_TYPE(object);
   PyObject_GC_UnTrack(object);
+  if (asFrontCall(object).weakrefs != nullptr) PyObject_ClearWeakRefs(object);
   clear(object);
   type->tp_free(object);
   Py_DECREF(type);
@@ -389,7 +405,7 @@ PyObject* create(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 
 PyObject* getattro(PyObject* object, PyObject* name) {
   PyFrontCall& self = asFrontCall(object);
-  if (PyUnicode_Check(name)) {
+  if (PyUnicode_Check(name) && self.function != nullptr) {
     if (PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0) return newReference(self.function);
     for (const char* forwarded : kForwardedAttributes) {
       if (PyUnicode_CompareWithASCIIString(name, forwarded) == 0) return PyObject_GetAttr(self.function, name);
@@ -398,11 +414,35 @@ PyObject* getattro(PyObject* object, PyObject* name) {
   return PyObject_GenericGetAttr(object, name);
 }
 
-PyObject* repr(PyObject* object) { return PyObject_Repr(asFrontCall(object).function); }
+PyObject* repr(PyObject* object) {
+  PyObject* function = wrappedFunction(asFrontCall(object));
+  return function == nullptr ? nullptr : PyObject_Repr(function);
+}
 
 // Pickled by reference, as a module-level function is: pickle looks the name up in
 // __module__.
-PyObject* reduce(PyObject* object, PyObject*) { return PyObject_GetAttrString(asFrontCall(object).function, "__qualname__"); }
+PyObject* reduce(PyObject* object, PyObject*) {
+  PyObject* function = wrappedFunction(asFrontCall(object));
+  return function == nullptr ? nullptr : PyObject_GetAttrString(function, "__qualname__");
+}
+
+// As a function's __get__: a method bound to `instance` when looked up on one, the object
+// itself otherwise (so inspect and pydoc see a routine, and a class attribute binds).
+PyObject* descriptorGet(PyObject* object, PyObject* instance, PyObject*) {
+  if (instance == nullptr || instance == Py_None) return newReference(object);
+  return PyMethod_New(object, instance);
+}
+
+PyObject* getDoc(PyObject* object, void*) {
+  PyObject* function = wrappedFunction(asFrontCall(object));
+  return function == nullptr ? nullptr : PyObject_GetAttrString(function, "__doc__");
+}
+
+// No Py_tp_doc: the type's docstring would take the place of this getset in its dict.
+PyGetSetDef getsets[] = {
+    {"__doc__", &getDoc, nullptr, "The wrapped function's docstring.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
 
 PyMethodDef methods[] = {
     {"__reduce__", &reduce, METH_NOARGS, "Pickled by reference (the module-level name)."},
@@ -411,6 +451,7 @@ PyMethodDef methods[] = {
 
 PyMemberDef members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(PyFrontCall, vectorcall), READONLY, nullptr},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(PyFrontCall, weakrefs), READONLY, nullptr},
     {nullptr, 0, 0, 0, nullptr},
 };
 
@@ -422,10 +463,10 @@ PyType_Slot slots[] = {
     {Py_tp_call, reinterpret_cast<void*>(&PyVectorcall_Call)},
     {Py_tp_getattro, reinterpret_cast<void*>(&getattro)},
     {Py_tp_repr, reinterpret_cast<void*>(&repr)},
+    {Py_tp_descr_get, reinterpret_cast<void*>(&descriptorGet)},
     {Py_tp_methods, methods},
     {Py_tp_members, members},
-    {Py_tp_doc, const_cast<char*>("FrontCall(function, world, group_type): the C entry of a hot call of the Python "
-                                  "front (see ringtree/process_group.py's native_front).")},
+    {Py_tp_getset, getsets},
     {0, nullptr},
 };
 
