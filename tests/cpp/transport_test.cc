@@ -645,7 +645,9 @@ TEST(TcpNotice, PartlySentMessageIsCutNotCorrupted) {
           notice.noticeKind = 1;
           const auto start = Clock::now();
           pair.sendNotice(notice, net::deadlineAfter(20s));
-          EXPECT_LT(elapsedSince(start), test::kPrompt);  // skipped: it does not wait for its 20 s deadline
+          // Skipped: it does not wait for its 20 s deadline. (Not test::kPrompt: under
+          // ThreadSanitizer, beside another test, dropping the 64 MiB send took 8 s once.)
+          EXPECT_LT(elapsedSince(start), 15s);
           std::fill(out.begin(), out.end(), uint8_t{0xab});  // would show in rank 1's data if still sent
           const std::string message = messageOf<NetworkError>([&] { pair.progress(); });
           EXPECT_TRUE(contains(message, "abandoned")) << message;
