@@ -24,7 +24,7 @@ void OperationQueue::runErased(const char* opName, void (*invoke)(void*), void* 
   uint32_t idle = 0;
   if (!state_.compare_exchange_strong(idle, kBusy, std::memory_order_acquire, std::memory_order_relaxed)) {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (shutdown_) throwRefused(opName);
+    if (closed()) throwRefused(opName);
     // An inline call that was ending may have left the queue idle since.
     idle = 0;
     if (!state_.compare_exchange_strong(idle, kBusy, std::memory_order_acquire, std::memory_order_relaxed)) {
@@ -67,7 +67,7 @@ std::shared_ptr<Work> OperationQueue::submit(const char* opName, std::function<v
   bool wake = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (shutdown_) throwRefused(opName);
+    if (closed()) throwRefused(opName);
     queue_.push_back(Task{std::move(operation), work, start});
     queueChanged();
     startWorkerLocked();
@@ -93,11 +93,11 @@ void OperationQueue::becomeIdle() {
     std::lock_guard<std::mutex> guard(mutex_);
     state_.fetch_and(~kBusy, std::memory_order_acq_rel);
     // Only the worker (for a queued operation, unless every one is left to a waiter while
-    // the worker wakes by itself) and shutdown()/abort() (which set shutdown_ before they
+    // the worker wakes by itself) and shutdown()/abort() (which close the queue before they
     // wait) wait for this: a call that ran alone wakes nobody.
     const bool needsWorker = std::any_of(queue_.begin(), queue_.end(),
                                          [](const Task& task) { return task.start == Start::kAtOnce; });
-    wanted = shutdown_ || (!queue_.empty() && (!workerTimed_ || needsWorker));
+    wanted = closed() || (!queue_.empty() && (!workerTimed_ || needsWorker));
   }
   if (wanted) stateCv_.notify_all();
 }
@@ -125,7 +125,7 @@ std::shared_ptr<Work> OperationQueue::newWork(const char* opName, std::shared_pt
 void OperationQueue::workerLoop() {
   using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto ready = [this] { return (!queue_.empty() && !busy()) || (shutdown_ && queue_.empty()); };
+  const auto ready = [this] { return (!queue_.empty() && !busy()) || (closed() && queue_.empty()); };
   Clock::time_point lingerUntil = Clock::now() + kIdleLinger;
   for (;;) {
     // Recently active: timed sleeps, which deferred submissions need not interrupt.
@@ -184,7 +184,6 @@ void OperationQueue::runQueuedUpTo(const Work* target) {
 
 void OperationQueue::shutdown() {
   std::unique_lock<std::mutex> lock(mutex_);
-  shutdown_ = true;
   state_.fetch_or(kClosed, std::memory_order_acq_rel);
   stateCv_.notify_all();
   std::thread worker = std::move(worker_);
@@ -211,7 +210,6 @@ void OperationQueue::abort(int rank, const std::function<void()>& interrupt) {
   std::thread worker;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    shutdown_ = true;
     aborted_ = true;
     state_.fetch_or(kClosed, std::memory_order_acq_rel);
     dropped.swap(queue_);
@@ -236,9 +234,6 @@ void OperationQueue::abort(int rank, const std::function<void()>& interrupt) {
   stateCv_.wait(lock, [this] { return !busy(); });
 }
 
-bool OperationQueue::isShutdown() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return shutdown_;
-}
+bool OperationQueue::isShutdown() const { return closed(); }
 
 }  // namespace ringtree::detail

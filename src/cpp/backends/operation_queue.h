@@ -107,6 +107,8 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   void endInline();
   // Whether an operation runs (mutex_ held: see state_).
   bool busy() const { return (state_.load(std::memory_order_acquire) & kBusy) != 0; }
+  // Whether shutdown() or abort() closed the queue (final once true).
+  bool closed() const { return (state_.load(std::memory_order_acquire) & kClosed) != 0; }
   // Mirrors queue_'s emptiness into kQueued; mutex_ held, after every change of queue_.
   void queueChanged();
   // Takes the first queued task and runs it on this thread (mutex_ held on entry and on
@@ -123,7 +125,7 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   std::deque<Task> queue_;
   // The state the inline path of runSync reads and changes without mutex_: kBusy (an
   // operation runs: on the worker, inline or in a driver), kQueued (queue_ is not empty),
-  // kClosed (shutdown_). kQueued and kClosed change under mutex_ only. kBusy is set by a
+  // kClosed (shutdown() or abort() ran). kQueued and kClosed change under mutex_ only. kBusy is set by a
   // compare-and-swap from 0 (an inline call: nothing queued, running or closed) or under
   // mutex_ while kQueued is set (so no inline call races it), and cleared by a
   // compare-and-swap from kBusy alone (an inline call's end: nothing queued and not
@@ -134,7 +136,6 @@ class OperationQueue : public std::enable_shared_from_this<OperationQueue> {
   static constexpr uint32_t kQueued = 2;
   static constexpr uint32_t kClosed = 4;
   std::atomic<uint32_t> state_{0};
-  bool shutdown_ = false;
   bool aborted_ = false;  // by abort(): says so in the refusals of later submissions
   bool workerTimed_ = false;  // the idle worker wakes by itself within kHandOffDelay
   std::thread worker_;

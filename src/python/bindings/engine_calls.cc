@@ -27,8 +27,6 @@ namespace ringtree::python {
 
 namespace {
 
-using Method = EngineMethod;
-
 constexpr std::array<const char*, kNumMethods> kNames = {
     "allreduce", "broadcast", "reduce", "allgather_single", "reduce_scatter_single", "alltoall_single", "barrier",
     "send", "recv", "isend", "irecv"};
@@ -40,7 +38,7 @@ PyTypeObject* boundType = nullptr;
 std::array<PyObject*, kNumMethods> pybindMethods{};
 
 // The pybind11 method of `method` called as self.method(*args, **kwargs).
-PyObject* slowly(Method method, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+PyObject* slowly(EngineMethod method, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return callReplaced(pybindMethods[method], self, args, nargs, kwnames);
 }
 

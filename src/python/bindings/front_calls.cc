@@ -276,7 +276,6 @@ PyObject* vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, P
   if (wrappedFunction(self) == nullptr) return nullptr;
   PyObject* result = nullptr;
   if (runCommonCall(self, args, PyVectorcall_NARGS(nargsf), kwnames, &result)) return result;
-  if (PyErr_Occurred()) return nullptr;
   return PyObject_Vectorcall(self.function, args, nargsf, kwnames);
 }
 
